@@ -1,0 +1,156 @@
+//! One client connection.
+//!
+//! Requests are read and started in order; slow ones (acks=all produce waiting
+//! for fsync, fetch long polls) finish in the background while the next ones are
+//! read. Responses are written strictly in request order, as Kafka requires, by a
+//! writer task fed through a bounded queue, so a connection can have at most
+//! `max_in_flight_per_connection` requests outstanding.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kafka_protocol::messages::{ApiKey, ResponseKind};
+use kafka_protocol::ResponseError;
+use kiln_wire::{decode_request, encode_response, read_frame, WireError};
+use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::handlers::{self, Reply};
+use crate::server::Broker;
+
+/// What a finished request leaves for the writer.
+enum Outcome {
+    Respond(Bytes),
+    /// Produce with acks=0: nothing is written back.
+    NoResponse,
+    /// The response could not be encoded; the client must not wait for it forever.
+    Hangup,
+}
+
+/// A response slot, filled when its request finishes.
+type Slot = oneshot::Receiver<Outcome>;
+
+pub async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(%peer, error = %e, "set_nodelay failed");
+    }
+    let (read_half, write_half) = stream.into_split();
+    let (slots_tx, slots_rx) = mpsc::channel::<Slot>(broker.config.max_in_flight_per_connection);
+    let writer = tokio::spawn(write_responses(write_half, slots_rx, peer));
+    let mut reader = BufReader::with_capacity(64 * 1024, read_half);
+
+    loop {
+        let frame = match read_frame(&mut reader, broker.config.max_frame_bytes).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(WireError::Io(e)) => {
+                tracing::debug!(%peer, error = %e, "connection read failed");
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "closing connection: bad frame");
+                break;
+            }
+        };
+        let request = match decode_request(frame) {
+            Ok(request) => request,
+            Err(WireError::UnsupportedVersion {
+                api_key: ApiKey::ApiVersions,
+                version,
+                correlation_id,
+                ..
+            }) => {
+                // The one case Kafka answers: tell the client which versions exist (v0 format).
+                tracing::info!(%peer, version, "ApiVersions version unsupported; answering with the supported list");
+                let body = handlers::api_versions::response(ResponseError::UnsupportedVersion.code());
+                let outcome = match encode_response(ApiKey::ApiVersions, 0, correlation_id, &ResponseKind::ApiVersions(body)) {
+                    Ok(frame) => Outcome::Respond(frame),
+                    Err(_) => Outcome::Hangup,
+                };
+                if !send_ready(&slots_tx, outcome).await {
+                    break;
+                }
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "closing connection: request refused");
+                break;
+            }
+        };
+        let api_key = request.api_key;
+        let version = request.header.request_api_version;
+        let correlation_id = request.header.correlation_id;
+        let encode = move |body: ResponseKind| -> Outcome {
+            match encode_response(api_key, version, correlation_id, &body) {
+                Ok(frame) => Outcome::Respond(frame),
+                Err(e) => {
+                    tracing::error!(%peer, error = %e, "cannot encode response; closing connection");
+                    Outcome::Hangup
+                }
+            }
+        };
+        let sent = match handlers::dispatch(&broker, request) {
+            Reply::Now(body) => send_ready(&slots_tx, encode(*body)).await,
+            Reply::Silent => send_ready(&slots_tx, Outcome::NoResponse).await,
+            Reply::Later(pending) => {
+                let (tx, rx) = oneshot::channel();
+                if slots_tx.send(rx).await.is_err() {
+                    break;
+                }
+                tokio::spawn(async move {
+                    let body = pending.await;
+                    let _ = tx.send(encode(body));
+                });
+                true
+            }
+            Reply::Close(reason) => {
+                tracing::warn!(%peer, ?api_key, version, correlation_id, reason, "closing connection");
+                false
+            }
+        };
+        if !sent {
+            break;
+        }
+    }
+    drop(slots_tx);
+    if let Err(e) = writer.await {
+        tracing::debug!(%peer, error = %e, "writer task ended abnormally");
+    }
+}
+
+async fn send_ready(slots: &mpsc::Sender<Slot>, outcome: Outcome) -> bool {
+    let (tx, rx) = oneshot::channel();
+    let _ = tx.send(outcome);
+    slots.send(rx).await.is_ok()
+}
+
+async fn write_responses(write_half: tokio::net::tcp::OwnedWriteHalf, mut slots: mpsc::Receiver<Slot>, peer: SocketAddr) {
+    let mut writer = BufWriter::with_capacity(64 * 1024, write_half);
+    while let Some(slot) = slots.recv().await {
+        let frame = match slot.await {
+            Ok(Outcome::Respond(frame)) => frame,
+            Ok(Outcome::NoResponse) => continue,
+            Ok(Outcome::Hangup) => break,
+            // The handler task died (a bug); the client would wait forever for this answer.
+            Err(_) => {
+                tracing::error!(%peer, "a request handler ended without a response; closing connection");
+                break;
+            }
+        };
+        if let Err(e) = writer.write_all(&frame).await {
+            tracing::debug!(%peer, error = %e, "write failed");
+            return;
+        }
+        // Flush when nothing else is ready, so pipelined responses share a syscall.
+        if slots.is_empty() {
+            if let Err(e) = writer.flush().await {
+                tracing::debug!(%peer, error = %e, "flush failed");
+                return;
+            }
+        }
+    }
+    let _ = writer.flush().await;
+    let _ = writer.into_inner().shutdown().await;
+}

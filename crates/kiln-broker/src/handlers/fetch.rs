@@ -1,0 +1,113 @@
+//! Fetch with long poll: answer once `min_bytes` are available or `max_wait_ms` has passed.
+//! Only durable data (below the high watermark) is ever returned.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::select_all;
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::{FetchRequest, FetchResponse, ResponseKind};
+use kafka_protocol::ResponseError;
+use kiln_log::LogError;
+use tokio::sync::watch;
+
+use crate::errors::log_error_code;
+use crate::handlers::Reply;
+use crate::server::Broker;
+
+pub fn handle(broker: &Arc<Broker>, request: FetchRequest) -> Reply {
+    let broker = broker.clone();
+    Reply::Later(Box::pin(async move { ResponseKind::Fetch(long_poll(&broker, &request).await) }))
+}
+
+async fn long_poll(broker: &Broker, request: &FetchRequest) -> FetchResponse {
+    let wait_ms = u64::try_from(request.max_wait_ms)
+        .unwrap_or(0)
+        .min(broker.config.fetch_max_wait_ms_cap);
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    let min_bytes = usize::try_from(request.min_bytes).unwrap_or(0);
+    loop {
+        // Subscribe before reading so an fsync landing between the read and the wait still wakes us.
+        let mut watchers = Vec::new();
+        let (response, bytes, had_error) = read_once(broker, request, &mut watchers);
+        let expired = tokio::time::Instant::now() >= deadline;
+        if bytes >= min_bytes || had_error || expired || watchers.is_empty() {
+            return response;
+        }
+        let changed = select_all(watchers.into_iter().map(|mut rx| Box::pin(async move { rx.changed().await })));
+        if tokio::time::timeout_at(deadline, changed).await.is_err() {
+            // Timed out: answer with whatever is there now (usually nothing).
+            let (response, _, _) = read_once(broker, request, &mut Vec::new());
+            return response;
+        }
+    }
+}
+
+/// Reads every requested partition once. Returns the response, the record bytes it holds, and
+/// whether any partition failed (an error is answered at once, not waited on).
+fn read_once(
+    broker: &Broker,
+    request: &FetchRequest,
+    watchers: &mut Vec<watch::Receiver<i64>>,
+) -> (FetchResponse, usize, bool) {
+    let mut budget = usize::try_from(request.max_bytes).unwrap_or(0);
+    let mut total = 0usize;
+    let mut had_error = false;
+    let mut topics = Vec::with_capacity(request.topics.len());
+    for wanted in &request.topics {
+        let topic = broker.catalog.get(wanted.topic.as_str());
+        let mut partitions = Vec::with_capacity(wanted.partitions.len());
+        for p in &wanted.partitions {
+            let mut data = PartitionData::default()
+                .with_partition_index(p.partition)
+                .with_high_watermark(-1)
+                .with_last_stable_offset(-1)
+                .with_log_start_offset(-1);
+            let Some(log) = topic.as_ref().and_then(|t| t.partition(p.partition)) else {
+                had_error = true;
+                partitions.push(data.with_error_code(ResponseError::UnknownTopicOrPartition.code()));
+                continue;
+            };
+            watchers.push(log.subscribe_durable());
+            let high_watermark = log.durable_offset();
+            data = data
+                .with_high_watermark(high_watermark)
+                .with_last_stable_offset(high_watermark)
+                .with_log_start_offset(log.log_start_offset());
+            let partition_max = usize::try_from(p.partition_max_bytes).unwrap_or(0).min(budget);
+            // KIP-74: the first non-empty partition returns at least one whole batch, so a batch
+            // larger than the limits can never wedge a consumer.
+            let max_bytes = if total == 0 { partition_max.max(1) } else { partition_max };
+            if p.fetch_offset > log.log_end_offset() || p.fetch_offset < log.log_start_offset() {
+                had_error = true;
+                partitions.push(data.with_error_code(ResponseError::OffsetOutOfRange.code()));
+                continue;
+            }
+            if p.fetch_offset >= high_watermark || max_bytes == 0 {
+                partitions.push(data.with_records(Some(Default::default())));
+                continue;
+            }
+            match log.read(p.fetch_offset, max_bytes, high_watermark) {
+                Ok(read) => {
+                    total += read.records.len();
+                    budget = budget.saturating_sub(read.records.len());
+                    partitions.push(data.with_records(Some(read.records)));
+                }
+                Err(e) => {
+                    had_error = true;
+                    if matches!(e, LogError::Corrupt { .. }) {
+                        tracing::error!(topic = %wanted.topic.as_str(), partition = p.partition, error = %e, "corrupt data refused on fetch");
+                    }
+                    partitions.push(data.with_error_code(log_error_code(&e).code()));
+                }
+            }
+        }
+        topics.push(
+            FetchableTopicResponse::default()
+                .with_topic(wanted.topic.clone())
+                .with_topic_id(wanted.topic_id)
+                .with_partitions(partitions),
+        );
+    }
+    (FetchResponse::default().with_responses(topics), total, had_error)
+}

@@ -1,0 +1,100 @@
+//! ListOffsets: earliest, latest (the high watermark) and by timestamp.
+
+use std::sync::Arc;
+
+use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
+use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
+use kafka_protocol::records::RecordBatchDecoder;
+use kafka_protocol::ResponseError;
+use kiln_log::{BatchHeader, LogError, PartitionLog};
+
+use crate::errors::log_error_code;
+use crate::server::Broker;
+
+const LATEST: i64 = -1;
+const EARLIEST: i64 = -2;
+/// Attributes bits 0-2: the compression codec; 0 is none.
+const COMPRESSION_MASK: i16 = 0b111;
+
+pub fn handle(broker: &Arc<Broker>, request: ListOffsetsRequest) -> ListOffsetsResponse {
+    let topics = request
+        .topics
+        .into_iter()
+        .map(|wanted| {
+            let topic = broker.catalog.get(wanted.name.as_str());
+            let partitions = wanted
+                .partitions
+                .iter()
+                .map(|p| {
+                    let response = ListOffsetsPartitionResponse::default()
+                        .with_partition_index(p.partition_index)
+                        .with_timestamp(-1)
+                        .with_offset(-1);
+                    let Some(log) = topic.as_ref().and_then(|t| t.partition(p.partition_index)) else {
+                        return response.with_error_code(ResponseError::UnknownTopicOrPartition.code());
+                    };
+                    match lookup(log, p.timestamp) {
+                        Ok(Some((offset, timestamp))) => response.with_offset(offset).with_timestamp(timestamp),
+                        Ok(None) => response,
+                        Err(e) => {
+                            tracing::warn!(topic = %wanted.name.as_str(), partition = p.partition_index, error = %e, "offset lookup failed");
+                            response.with_error_code(log_error_code(&e).code())
+                        }
+                    }
+                })
+                .collect();
+            ListOffsetsTopicResponse::default()
+                .with_name(wanted.name)
+                .with_partitions(partitions)
+        })
+        .collect();
+    ListOffsetsResponse::default().with_topics(topics)
+}
+
+/// (offset, timestamp) for a ListOffsets query; timestamp -1 for the special queries.
+fn lookup(log: &PartitionLog, timestamp: i64) -> Result<Option<(i64, i64)>, LogError> {
+    let high_watermark = log.durable_offset();
+    match timestamp {
+        EARLIEST => Ok(Some((log.log_start_offset(), -1))),
+        LATEST => Ok(Some((high_watermark, -1))),
+        ts if ts >= 0 => {
+            let Some(found) = log.lookup_timestamp(ts)? else {
+                return Ok(None);
+            };
+            if found.batch_base_offset >= high_watermark {
+                return Ok(None);
+            }
+            Ok(Some(first_record_at_or_after(log, found.batch_base_offset, ts, high_watermark)?
+                .unwrap_or((found.batch_base_offset, found.batch_max_timestamp))))
+        }
+        // Other negative values (e.g. -3, max timestamp) are not served.
+        _ => Ok(None),
+    }
+}
+
+/// Refines a batch-level hit to the exact record for uncompressed batches. Compressed batches
+/// answer with their first offset: decompressing on this path would let one producer's batch
+/// make the broker allocate without bound.
+fn first_record_at_or_after(
+    log: &PartitionLog,
+    batch_base_offset: i64,
+    ts: i64,
+    high_watermark: i64,
+) -> Result<Option<(i64, i64)>, LogError> {
+    let read = log.read(batch_base_offset, 1, high_watermark)?;
+    let Ok(header) = BatchHeader::parse(&read.records) else {
+        return Ok(None);
+    };
+    if header.attributes & COMPRESSION_MASK != 0 {
+        return Ok(None);
+    }
+    let mut bytes = read.records.slice(..header.total_len().min(read.records.len()));
+    let Ok(set) = RecordBatchDecoder::decode(&mut bytes) else {
+        return Ok(None);
+    };
+    Ok(set
+        .records
+        .iter()
+        .find(|r| r.timestamp >= ts && r.offset < high_watermark)
+        .map(|r| (r.offset, r.timestamp)))
+}

@@ -1,0 +1,46 @@
+//! One module per Kafka API. `dispatch` runs the part of a request that must
+//! happen in arrival order (appends), and returns either the response or a
+//! future that completes it (fsync waits, long polls, file-system work).
+
+pub mod admin;
+pub mod api_versions;
+pub mod fetch;
+pub mod list_offsets;
+pub mod metadata;
+pub mod produce;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use kafka_protocol::messages::{RequestKind, ResponseKind};
+use kiln_wire::DecodedRequest;
+
+use crate::server::Broker;
+
+pub type PendingResponse = Pin<Box<dyn Future<Output = ResponseKind> + Send>>;
+
+pub enum Reply {
+    /// Boxed: responses are large and most requests finish later anyway.
+    Now(Box<ResponseKind>),
+    Later(PendingResponse),
+    /// The request gets no response (produce with acks=0).
+    Silent,
+    /// The request cannot be answered in its own format; hang up and log why.
+    Close(&'static str),
+}
+
+pub fn dispatch(broker: &Arc<Broker>, request: DecodedRequest) -> Reply {
+    let version = request.header.request_api_version;
+    match request.body {
+        RequestKind::ApiVersions(_) => Reply::Now(Box::new(ResponseKind::ApiVersions(api_versions::response(0)))),
+        RequestKind::Metadata(req) => Reply::Now(Box::new(ResponseKind::Metadata(metadata::handle(broker, req)))),
+        RequestKind::Produce(req) => produce::handle(broker, req),
+        RequestKind::Fetch(req) => fetch::handle(broker, req),
+        RequestKind::ListOffsets(req) => Reply::Now(Box::new(ResponseKind::ListOffsets(list_offsets::handle(broker, req)))),
+        RequestKind::CreateTopics(req) => admin::create_topics(broker, req, version),
+        RequestKind::DeleteTopics(req) => admin::delete_topics(broker, req),
+        // decode_request admits only the APIs in kiln_wire::SUPPORTED_APIS, all matched above.
+        _ => Reply::Close("request type has no handler"),
+    }
+}

@@ -1,0 +1,20 @@
+//! Kiln's single-node Kafka-compatible broker.
+//!
+//! `server` accepts connections, `connection` reads frames and keeps responses in
+//! request order, `handlers` answer one API each, `catalog` owns the topics and
+//! their partition logs (from `kiln-log`), `retention` ages data out.
+
+mod catalog;
+pub mod config;
+mod connection;
+mod errors;
+mod handlers;
+mod identity;
+mod retention;
+mod server;
+mod time;
+pub mod topic_config;
+
+pub use catalog::{Catalog, CatalogError, Topic};
+pub use config::{BrokerConfig, LogSettings};
+pub use server::{Broker, BoundBroker};

@@ -1,0 +1,126 @@
+//! Startup, the accept loop and shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use crate::catalog::Catalog;
+use crate::config::{split_host_port, BrokerConfig};
+use crate::identity::{self, DataDirLock, Identity};
+use crate::{connection, retention};
+
+/// State shared by every connection.
+pub struct Broker {
+    pub config: BrokerConfig,
+    pub catalog: Catalog,
+    pub identity: Identity,
+    pub advertised_host: String,
+    pub advertised_port: i32,
+    _lock: DataDirLock,
+}
+
+/// A broker whose data is recovered and whose socket is bound, ready to serve.
+pub struct BoundBroker {
+    broker: Arc<Broker>,
+    listener: TcpListener,
+}
+
+impl Broker {
+    /// Locks the data directory, recovers every partition and binds the listener.
+    pub async fn bind(config: BrokerConfig) -> anyhow::Result<BoundBroker> {
+        config.validate().map_err(anyhow::Error::msg).context("invalid broker configuration")?;
+        let lock = identity::lock_data_dir(&config.data_dir)?;
+        let identity = identity::load_or_create(&config.data_dir, config.node_id)?;
+        let data_dir = config.data_dir.clone();
+        let log_defaults = config.log.clone();
+        let max_batch_bytes = config.max_batch_bytes;
+        let catalog = tokio::task::spawn_blocking(move || Catalog::open(&data_dir, log_defaults, max_batch_bytes))
+            .await
+            .context("catalog recovery task")?
+            .context("opening the topic catalog")?;
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("binding {}", config.listen))?;
+        let local = listener.local_addr()?;
+        // With port 0 the advertised port must be the one the OS picked.
+        let advertised = match &config.advertised_address {
+            Some(a) => a.clone(),
+            None => local.to_string(),
+        };
+        let (advertised_host, advertised_port) = split_host_port(&advertised).map_err(anyhow::Error::msg)?;
+        let broker = Arc::new(Broker {
+            config,
+            catalog,
+            identity,
+            advertised_host,
+            advertised_port,
+            _lock: lock,
+        });
+        Ok(BoundBroker { broker, listener })
+    }
+}
+
+impl BoundBroker {
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn broker(&self) -> Arc<Broker> {
+        self.broker.clone()
+    }
+
+    /// Serves until `shutdown` resolves, then closes every partition cleanly.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let Self { broker, listener } = self;
+        tracing::info!(
+            address = %listener.local_addr()?,
+            node_id = broker.config.node_id,
+            cluster_id = %broker.identity.cluster_id,
+            data_dir = %broker.config.data_dir.display(),
+            "listening on {}",
+            listener.local_addr()?
+        );
+        let retention_task = tokio::spawn(retention::run(
+            broker.clone(),
+            Duration::from_millis(broker.config.retention_check_interval_ms.max(1)),
+        ));
+        let permits = Arc::new(Semaphore::new(broker.config.max_connections));
+        tokio::pin!(shutdown);
+        loop {
+            let permit = tokio::select! {
+                _ = &mut shutdown => break,
+                permit = permits.clone().acquire_owned() => permit.context("connection limiter closed")?,
+            };
+            let accepted = tokio::select! {
+                _ = &mut shutdown => break,
+                accepted = listener.accept() => accepted,
+            };
+            match accepted {
+                Ok((stream, peer)) => {
+                    let broker = broker.clone();
+                    tokio::spawn(async move {
+                        connection::serve(broker, stream, peer).await;
+                        drop(permit);
+                    });
+                }
+                // Running out of file descriptors must not end the broker: wait and retry.
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+        tracing::info!("shutting down");
+        retention_task.abort();
+        let closing = broker.clone();
+        tokio::task::spawn_blocking(move || closing.catalog.close_all())
+            .await
+            .context("closing partitions")?;
+        Ok(())
+    }
+}

@@ -1,0 +1,150 @@
+//! Topic names and per-topic settings, validated with messages that say which value is wrong.
+
+use std::collections::BTreeMap;
+
+use crate::config::LogSettings;
+
+/// Kafka's own limit, kept so names stay portable to a Kafka cluster.
+pub const TOPIC_NAME_LEN_MAX: usize = 249;
+
+pub fn validate_topic_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("topic name is empty".into());
+    }
+    if name == "." || name == ".." {
+        return Err(format!("topic name {name:?} is not allowed"));
+    }
+    if name.len() > TOPIC_NAME_LEN_MAX {
+        return Err(format!(
+            "topic name is {} characters, the limit is {TOPIC_NAME_LEN_MAX}",
+            name.len()
+        ));
+    }
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(format!(
+            "topic name {name:?} contains {bad:?}; only ASCII letters, digits, '.', '_' and '-' are allowed"
+        ));
+    }
+    Ok(())
+}
+
+/// Settings a topic may override, by their Kafka names.
+pub const TOPIC_CONFIG_KEYS: &[&str] = &[
+    "cleanup.policy",
+    "retention.ms",
+    "retention.bytes",
+    "segment.bytes",
+    "segment.ms",
+    "index.interval.bytes",
+    "max.message.bytes",
+];
+
+/// A topic's effective settings: broker defaults with the topic's overrides applied.
+#[derive(Debug, Clone)]
+pub struct TopicSettings {
+    pub log: LogSettings,
+    pub max_batch_bytes: usize,
+}
+
+/// Applies overrides to defaults, refusing unknown keys and bad values.
+pub fn resolve(
+    defaults: &LogSettings,
+    default_max_batch_bytes: usize,
+    overrides: &BTreeMap<String, String>,
+) -> Result<TopicSettings, String> {
+    let mut log = defaults.clone();
+    let mut max_batch_bytes = default_max_batch_bytes;
+    for (key, value) in overrides {
+        let number = || -> Result<i64, String> {
+            value
+                .parse::<i64>()
+                .map_err(|_| format!("{key}={value:?} is not an integer"))
+        };
+        let positive = || -> Result<u64, String> {
+            let n = number()?;
+            u64::try_from(n)
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("{key}={value} must be greater than 0"))
+        };
+        // Kafka uses -1 for "no limit" on retention.
+        let limit = || -> Result<i64, String> {
+            match number()? {
+                n if n == -1 || n > 0 => Ok(n),
+                n => Err(format!("{key}={n} must be -1 (unlimited) or greater than 0")),
+            }
+        };
+        match key.as_str() {
+            "cleanup.policy" if value == "delete" => {}
+            "cleanup.policy" => {
+                return Err(format!(
+                    "cleanup.policy={value:?} is not supported; Kiln deletes by retention only (\"delete\")"
+                ))
+            }
+            "retention.ms" => log.retention_ms = limit()?,
+            "retention.bytes" => log.retention_bytes = limit()?,
+            "segment.bytes" => {
+                let n = positive()?;
+                if !(1024..=u32::MAX as u64).contains(&n) {
+                    return Err(format!("segment.bytes={n} must be between 1024 and {}", u32::MAX));
+                }
+                log.segment_bytes = n;
+            }
+            "segment.ms" => log.segment_ms = positive()?,
+            "index.interval.bytes" => {
+                log.index_interval_bytes = u32::try_from(positive()?)
+                    .map_err(|_| format!("index.interval.bytes={value} is too large"))?
+            }
+            "max.message.bytes" => {
+                max_batch_bytes = usize::try_from(positive()?)
+                    .map_err(|_| format!("max.message.bytes={value} is too large"))?
+            }
+            _ => {
+                return Err(format!(
+                    "unknown topic config {key:?}; supported: {}",
+                    TOPIC_CONFIG_KEYS.join(", ")
+                ))
+            }
+        }
+    }
+    Ok(TopicSettings { log, max_batch_bytes })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(validate_topic_name("kiln.nodes").is_ok());
+        assert!(validate_topic_name("a-b_c.9").is_ok());
+        assert!(validate_topic_name("").is_err());
+        assert!(validate_topic_name("..").is_err());
+        assert!(validate_topic_name("a/b").unwrap_err().contains("'/'"));
+        assert!(validate_topic_name(&"x".repeat(250)).is_err());
+    }
+
+    #[test]
+    fn overrides() {
+        let defaults = LogSettings::default();
+        let mut o = BTreeMap::new();
+        o.insert("retention.ms".to_string(), "-1".to_string());
+        o.insert("segment.bytes".to_string(), "1048576".to_string());
+        let s = resolve(&defaults, 100, &o).expect("valid");
+        assert_eq!(s.log.retention_ms, -1);
+        assert_eq!(s.log.segment_bytes, 1048576);
+
+        o.insert("retention.ms".to_string(), "soon".to_string());
+        assert!(resolve(&defaults, 100, &o).unwrap_err().contains("retention.ms"));
+        let mut bad = BTreeMap::new();
+        bad.insert("compression.typo".to_string(), "x".to_string());
+        assert!(resolve(&defaults, 100, &bad).unwrap_err().contains("unknown topic config"));
+        let mut compact = BTreeMap::new();
+        compact.insert("cleanup.policy".to_string(), "compact".to_string());
+        assert!(resolve(&defaults, 100, &compact).is_err());
+    }
+}

@@ -1,0 +1,43 @@
+//! The APIs and versions Kiln serves. This table is the single source of truth:
+//! the ApiVersions response is built from it and every request is checked
+//! against it before its body is decoded.
+
+use kafka_protocol::messages::ApiKey;
+
+/// (API, lowest version, highest version). Ranges stop before versions that
+/// need features Kiln does not have yet (topic ids in Produce/Fetch requests,
+/// tiered storage offsets), and start where RecordBatch v2 is mandatory.
+pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::Produce, 3, 9),
+    (ApiKey::Fetch, 4, 12),
+    (ApiKey::ListOffsets, 1, 7),
+    (ApiKey::Metadata, 1, 12),
+    (ApiKey::ApiVersions, 0, 3),
+    (ApiKey::CreateTopics, 2, 7),
+    (ApiKey::DeleteTopics, 1, 5),
+];
+
+/// The supported (min, max) for an API, or `None` when Kiln does not serve it.
+pub fn supported_versions(api_key: ApiKey) -> Option<(i16, i16)> {
+    SUPPORTED_APIS
+        .iter()
+        .find(|(key, _, _)| *key == api_key)
+        .map(|&(_, min, max)| (min, max))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::protocol::Message;
+
+    /// Every advertised version must be one the codec can actually read and write.
+    #[test]
+    fn advertised_versions_are_within_the_codec() {
+        for &(key, min, max) in SUPPORTED_APIS {
+            let codec = key.valid_versions();
+            assert!(min <= max, "{key:?}");
+            assert!(codec.min <= min && max <= codec.max, "{key:?} {min}..{max} outside codec {codec}");
+        }
+        let _ = kafka_protocol::messages::ApiVersionsRequest::VERSIONS;
+    }
+}

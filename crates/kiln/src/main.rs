@@ -1,0 +1,64 @@
+//! `kiln`: one binary, one subcommand per service or tool.
+
+mod broker_cmd;
+mod settings;
+mod topics_cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "kiln", version, about = "Kiln: GPU burn-in orchestration on its own replicated log")]
+struct Cli {
+    /// Log filter (tracing EnvFilter syntax); RUST_LOG is used when this is not given.
+    #[arg(long, global = true, env = "KILN_LOG_LEVEL")]
+    log: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a broker.
+    Broker(broker_cmd::BrokerArgs),
+    /// Create, list, describe and delete topics.
+    Topics(topics_cmd::TopicsArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log.as_deref());
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Broker(args) => broker_cmd::run(args).await,
+            Command::Topics(args) => topics_cmd::run(args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(filter: Option<&str>) {
+    use tracing_subscriber::EnvFilter;
+    let filter = filter
+        .map(EnvFilter::new)
+        .or_else(|| EnvFilter::try_from_default_env().ok())
+        .unwrap_or_else(|| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

@@ -1,0 +1,145 @@
+//! Layered settings: built-in defaults, then a TOML file, then `KILN_` environment
+//! variables (`__` separates nested keys: `KILN_LOG__RETENTION_MS=3600000`), then flags.
+
+use std::collections::HashMap;
+
+use anyhow::Context;
+use config::{Config, Environment, File, FileFormat};
+use kiln_broker::BrokerConfig;
+
+use crate::broker_cmd::BrokerArgs;
+
+const ENV_PREFIX: &str = "KILN_";
+
+pub fn broker_config(args: &BrokerArgs) -> anyhow::Result<BrokerConfig> {
+    broker_config_from(args, std::env::vars())
+}
+
+fn broker_config_from(
+    args: &BrokerArgs,
+    env: impl Iterator<Item = (String, String)>,
+) -> anyhow::Result<BrokerConfig> {
+    let defaults = Config::try_from(&BrokerConfig::default()).context("encoding the built-in defaults")?;
+    let mut builder = Config::builder().add_source(defaults);
+    if let Some(path) = &args.config {
+        if !path.exists() {
+            anyhow::bail!("settings file {} does not exist", path.display());
+        }
+        builder = builder.add_source(File::from(path.as_path()).format(FileFormat::Toml));
+    }
+    builder = builder.add_source(
+        Environment::default()
+            .separator("__")
+            .try_parsing(true)
+            .source(Some(broker_env(env))),
+    );
+    let mut config: BrokerConfig = builder
+        .build()
+        .and_then(|c| c.try_deserialize())
+        .context("reading broker settings")?;
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    if let Some(a) = &args.advertised_address {
+        config.advertised_address = Some(a.clone());
+    }
+    if let Some(dir) = &args.data_dir {
+        config.data_dir = dir.clone();
+    }
+    if let Some(id) = args.node_id {
+        config.node_id = id;
+    }
+    if args.auto_create_topics {
+        config.auto_create_topics = true;
+    }
+    config.validate().map_err(anyhow::Error::msg)?;
+    Ok(config)
+}
+
+/// The `KILN_` variables that name broker settings, prefix stripped and lower-cased.
+/// Variables meant for other commands (`KILN_BOOTSTRAP`, `KILN_LOG_LEVEL`, `KILN_CONFIG`) are left out,
+/// so they cannot trip the broker's unknown-key check.
+fn broker_env(env: impl Iterator<Item = (String, String)>) -> HashMap<String, String> {
+    let known = known_keys();
+    env.filter_map(|(key, value)| {
+        let rest = key.strip_prefix(ENV_PREFIX)?.to_ascii_lowercase();
+        let top = rest.split("__").next().unwrap_or_default().to_string();
+        known.contains(&top).then_some((rest, value))
+    })
+    .collect()
+}
+
+fn known_keys() -> Vec<String> {
+    match serde_json::to_value(BrokerConfig::default()) {
+        Ok(serde_json::Value::Object(map)) => map.keys().cloned().collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::io::Write;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Iterator<Item = (String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<Vec<_>>()
+            .into_iter()
+    }
+
+    #[test]
+    fn defaults_need_no_file() {
+        let c = broker_config_from(&BrokerArgs::default(), env(&[])).unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:9092");
+        assert_eq!(c.node_id, 0);
+        assert!(!c.auto_create_topics);
+    }
+
+    #[test]
+    fn file_then_env_then_flags() {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        writeln!(file, "node_id = 3\ndefault_partitions = 4\n[log]\nretention_ms = 1000").unwrap();
+        let args = BrokerArgs {
+            config: Some(file.path().to_path_buf()),
+            node_id: Some(7),
+            ..Default::default()
+        };
+        let c = broker_config_from(
+            &args,
+            env(&[
+                ("KILN_DEFAULT_PARTITIONS", "6"),
+                ("KILN_LOG__SEGMENT_BYTES", "65536"),
+                ("KILN_BOOTSTRAP", "ignored:1"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.node_id, 7, "flag wins");
+        assert_eq!(c.default_partitions, 6, "env beats file");
+        assert_eq!(c.log.retention_ms, 1000, "file beats default");
+        assert_eq!(c.log.segment_bytes, 65536);
+    }
+
+    #[test]
+    fn unknown_file_key_is_an_error_that_names_it() {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        writeln!(file, "lisen = \"127.0.0.1:1\"").unwrap();
+        let args = BrokerArgs {
+            config: Some(file.path().to_path_buf()),
+            ..Default::default()
+        };
+        let err = format!("{:#}", broker_config_from(&args, env(&[])).unwrap_err());
+        assert!(err.contains("lisen"), "{err}");
+    }
+
+    #[test]
+    fn missing_file_is_an_error() {
+        let args = BrokerArgs {
+            config: Some("/nonexistent/kiln.toml".into()),
+            ..Default::default()
+        };
+        assert!(broker_config_from(&args, env(&[])).is_err());
+    }
+}
