@@ -157,6 +157,7 @@ FIND_COORDINATOR = 10
 API_VERSIONS = 18
 
 NONE = 0
+OFFSET_OUT_OF_RANGE = 1
 CORRUPT_MESSAGE = 2
 UNKNOWN_TOPIC_OR_PARTITION = 3
 UNSUPPORTED_VERSION = 35
@@ -339,9 +340,10 @@ def produce_v3(conn: Conn, topic: str, partition: int, records_bytes: bytes,
 
 
 def fetch_v4(conn: Conn, topic: str, partition: int, offset: int,
-             max_bytes: int = 4 * 1024 * 1024, max_wait_ms: int = 500) -> tuple[int, int, bytes]:
+             max_bytes: int = 4 * 1024 * 1024, max_wait_ms: int = 500,
+             min_bytes: int = 1) -> tuple[int, int, bytes]:
     """Fetch v4, one partition; returns (error_code, high_watermark, records bytes)."""
-    body = (i32(-1) + i32(max_wait_ms) + i32(1) + i32(max_bytes) + i8(0)
+    body = (i32(-1) + i32(max_wait_ms) + i32(min_bytes) + i32(max_bytes) + i8(0)
             + array([string(topic) + array([i32(partition) + i64(offset) + i32(max_bytes)])]))
     r = conn.request(FETCH, 4, body)
     _throttle = r.i32()

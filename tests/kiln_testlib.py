@@ -8,6 +8,7 @@ without it, target/debug/kiln under the repo root is used.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -237,6 +238,9 @@ def wait_topic_visible(broker: Broker, name: str, partitions: int, timeout_s: fl
 # librdkafka (confluent-kafka) helpers
 
 GROUP_ID_UNUSED = "kiln-test-unused"  # consumers only assign(); no group protocol is used
+# librdkafka's own log lines go to Python logging (shown with a failing test)
+# instead of straight to stderr.
+RDKAFKA_LOG = logging.getLogger("rdkafka")
 
 
 def rdk_producer_conf(broker: Broker, **overrides) -> dict:
@@ -247,6 +251,7 @@ def rdk_producer_conf(broker: Broker, **overrides) -> dict:
         "acks": "all",
         "linger.ms": 5,
         "message.timeout.ms": 15000,
+        "logger": RDKAFKA_LOG,
     }
     conf.update(overrides)
     return conf
@@ -267,6 +272,7 @@ def rdk_consumer(broker: Broker, **overrides):
         "enable.auto.offset.store": False,
         "auto.offset.reset": "error",  # never silently jump: an out-of-range offset is a bug here
         "fetch.wait.max.ms": 100,
+        "logger": RDKAFKA_LOG,
     }
     conf.update(overrides)
     return Consumer(conf)

@@ -34,7 +34,8 @@ SEED = int(os.environ.get("KILN_CRASH_SEED", "1729"))
 DURATION_S = 30.0
 PARTITIONS = 4
 KEYS = 16
-RATE_PER_S = 1000
+RATE_PER_S = 4000
+TICK_S = 0.005  # produce RATE_PER_S * TICK_S records every tick: a steady stream, always in flight
 TOPIC = "crash"
 
 
@@ -133,7 +134,7 @@ def test_kill9_loses_no_acknowledged_record(broker):
     try:
         while time.monotonic() < t_end and killer.error is None:
             t0 = time.monotonic()
-            for _ in range(RATE_PER_S // 50):
+            for _ in range(int(RATE_PER_S * TICK_S)):
                 k = rng.randrange(KEYS)
                 key = f"k{k:02d}"
                 try:
@@ -144,7 +145,7 @@ def test_kill9_loses_no_acknowledged_record(broker):
                 seqs[k] += 1
                 produced += 1
             p.poll(0)
-            time.sleep(max(0.0, 0.02 - (time.monotonic() - t0)))
+            time.sleep(max(0.0, TICK_S - (time.monotonic() - t0)))
         killer.stop.set()
         killer.join(30)
         if killer.error is not None:

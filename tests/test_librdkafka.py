@@ -247,3 +247,41 @@ def test_produce_acks_0_and_1(broker, acks):
     recs = read_partition(broker, topic, 0)
     assert_contiguous(recs, 0)
     assert [r.value for r in recs] == [f"a{i}".encode() for i in range(n)]
+
+
+def test_headers_nulls_and_large_values(broker):
+    topic = "shapes"
+    create_topic(broker, topic, 1)
+    big = bytes(range(256)) * 2048  # 512 KiB, incompressible-ish pattern
+    cases = [
+        dict(key=None, value=b"no key"),
+        dict(key=b"tombstone", value=None),
+        dict(key=b"", value=b""),
+        dict(key=b"h", value=b"with headers", headers=[("a", b"1"), ("b", None), ("a", b"2")]),
+        dict(key=b"big", value=big),
+    ]
+    p = rdk_producer(broker, **{"message.max.bytes": 2 * 1024 * 1024})
+    d = Delivered()
+    for c in cases:
+        p.produce(topic, partition=0, on_delivery=d.cb, **c)
+        p.flush(10)
+    flush_all(p, len(cases), d)
+    assert not d.failed, d.failed
+
+    cons = rdk_consumer(broker, **{"fetch.max.bytes": 4 * 1024 * 1024})
+    try:
+        cons.assign([TopicPartition(topic, 0, 0)])
+        got = []
+        deadline = time.monotonic() + 15
+        while len(got) < len(cases) and time.monotonic() < deadline:
+            m = cons.poll(0.5)
+            if m is not None and not m.error():
+                got.append(m)
+        assert len(got) == len(cases), f"read {len(got)} of {len(cases)}"
+    finally:
+        cons.close()
+    for c, m in zip(cases, got):
+        assert m.key() == c["key"], (m.offset(), m.key())
+        assert m.value() == c["value"], (m.offset(), len(m.value() or b""))
+        want_headers = c.get("headers")
+        assert (m.headers() or None) == want_headers, (m.offset(), m.headers())

@@ -47,7 +47,10 @@ pub fn measure(dir: &Path, args: &DiskArgs) -> anyhow::Result<DiskFigures> {
     let parallel_bandwidth_mib_s = sequential(tmp.path(), args.chunk_bytes, limit, streams)?;
 
     // Small appends: what one fsync costs, i.e. the floor under an acks=all produce.
-    let mut small = OpenOptions::new().create(true).append(true).open(tmp.path().join("small-probe"))?;
+    let mut small = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(tmp.path().join("small-probe"))?;
     let mut samples = Vec::with_capacity(2000);
     let started = Instant::now();
     while samples.len() < 2000 && started.elapsed() < Duration::from_secs(3) {
@@ -70,7 +73,12 @@ pub fn measure(dir: &Path, args: &DiskArgs) -> anyhow::Result<DiskFigures> {
 }
 
 /// MiB/s written by `streams` threads, each appending `chunk_bytes` and fdatasync-ing its own file.
-fn sequential(dir: &Path, chunk_bytes: usize, limit: Duration, streams: usize) -> anyhow::Result<f64> {
+fn sequential(
+    dir: &Path,
+    chunk_bytes: usize,
+    limit: Duration,
+    streams: usize,
+) -> anyhow::Result<f64> {
     let started = Instant::now();
     let written: anyhow::Result<u64> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..streams)
@@ -92,7 +100,9 @@ fn sequential(dir: &Path, chunk_bytes: usize, limit: Duration, streams: usize) -
             .collect();
         let mut total = 0;
         for w in workers {
-            total += w.join().map_err(|_| anyhow::anyhow!("disk probe thread panicked"))??;
+            total += w
+                .join()
+                .map_err(|_| anyhow::anyhow!("disk probe thread panicked"))??;
         }
         Ok(total)
     });
@@ -100,7 +110,11 @@ fn sequential(dir: &Path, chunk_bytes: usize, limit: Duration, streams: usize) -
 }
 
 pub fn print(d: &DiskFigures) {
-    println!("disk  sequential write+fdatasync, {} KiB chunks, 1 stream: {:.1} MiB/s", d.chunk_bytes / 1024, d.bandwidth_mib_s);
+    println!(
+        "disk  sequential write+fdatasync, {} KiB chunks, 1 stream: {:.1} MiB/s",
+        d.chunk_bytes / 1024,
+        d.bandwidth_mib_s
+    );
     println!(
         "disk  sequential write+fdatasync, {} KiB chunks, {} streams in parallel: {:.1} MiB/s",
         d.chunk_bytes / 1024,

@@ -46,12 +46,16 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     std::fs::create_dir_all(&cli.dir)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     match cli.command {
         Command::Disk(args) => {
             let d = disk::measure(&cli.dir, &args)?;
@@ -65,7 +69,10 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Recovery(args) => recovery::print(&recovery::run(&cli.dir, &args)?),
         Command::RecoveryFill(args) => recovery::fill(&args)?,
-        Command::All { produce: pa, recovery: ra } => {
+        Command::All {
+            produce: pa,
+            recovery: ra,
+        } => {
             let d = disk::measure(&cli.dir, &disk::DiskArgs::default())?;
             disk::print(&d);
             let p = runtime.block_on(produce::run(&cli.dir, &pa))?;

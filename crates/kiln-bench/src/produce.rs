@@ -10,9 +10,13 @@ use clap::Args;
 use hdrhistogram::Histogram;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-use kafka_protocol::messages::{CreateTopicsRequest, ProduceRequest, RequestKind, ResponseKind, TopicName};
+use kafka_protocol::messages::{
+    CreateTopicsRequest, ProduceRequest, RequestKind, ResponseKind, TopicName,
+};
 use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+use kafka_protocol::records::{
+    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+};
 use kiln_broker::{Broker, BrokerConfig};
 use kiln_client::Connection;
 use tokio::sync::{mpsc, Semaphore};
@@ -69,7 +73,10 @@ pub async fn run(dir: &Path, args: &ProduceArgs) -> anyhow::Result<ProduceFigure
         .with_name(TopicName(StrBytes::from_static_str("bench")))
         .with_num_partitions(args.partitions)
         .with_replication_factor(1)]);
-    match admin.call(RequestKind::CreateTopics(create), timeout).await? {
+    match admin
+        .call(RequestKind::CreateTopics(create), timeout)
+        .await?
+    {
         ResponseKind::CreateTopics(r) if r.topics.iter().all(|t| t.error_code == 0) => {}
         other => bail!("creating the bench topic failed: {other:?}"),
     }
@@ -170,7 +177,11 @@ async fn drive_connection(
             let ResponseKind::Produce(r) = response else {
                 bail!("unexpected response");
             };
-            for p in r.responses.iter().flat_map(|t| t.partition_responses.iter()) {
+            for p in r
+                .responses
+                .iter()
+                .flat_map(|t| t.partition_responses.iter())
+            {
                 if p.error_code != 0 {
                     bail!("produce failed with error code {}", p.error_code);
                 }
@@ -223,7 +234,10 @@ pub fn print(p: &ProduceFigures, disk: &DiskFigures) {
             format!("fsync every {} ms", p.args.flush_interval_ms)
         }
     );
-    println!("produce  {records_s:.0} records/s, {mib_s:.1} MiB/s over {secs:.1} s ({} records)", p.records);
+    println!(
+        "produce  {records_s:.0} records/s, {mib_s:.1} MiB/s over {secs:.1} s ({} records)",
+        p.records
+    );
     println!(
         "produce  request latency p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.2} ms",
         ms(0.5),

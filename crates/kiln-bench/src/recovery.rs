@@ -33,7 +33,9 @@ pub struct RecoveryFigures {
 
 /// Child: append 1 MiB batches with fsync until the target, say READY, keep writing until killed.
 pub fn fill(args: &FillArgs) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let (log, _) = PartitionLog::open(&args.partition_dir, LogConfig::default())?;
     let batch = crate::produce_batch(1024, 1024)?;
     let target = args.partition_mib << 20;
@@ -81,7 +83,10 @@ pub fn run(dir: &Path, args: &RecoveryArgs) -> anyhow::Result<RecoveryFigures> {
     // The same partition without its checkpoint: what a full rescan would cost.
     for entry in std::fs::read_dir(&partition_dir)? {
         let path = entry?.path();
-        if path.file_name().is_some_and(|n| n.to_string_lossy().contains("checkpoint")) {
+        if path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().contains("checkpoint"))
+        {
             std::fs::remove_file(&path)?;
         }
     }
@@ -104,7 +109,10 @@ fn verify_contiguous(log: &PartitionLog) -> anyhow::Result<()> {
         for batch in kiln_log::batch::batches(&read.records) {
             let header = batch?.header;
             if header.base_offset != next {
-                bail!("recovered log has offset {} where {next} was expected", header.base_offset);
+                bail!(
+                    "recovered log has offset {} where {next} was expected",
+                    header.base_offset
+                );
             }
             next = header.base_offset + i64::from(header.last_offset_delta) + 1;
         }

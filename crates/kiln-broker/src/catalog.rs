@@ -73,7 +73,9 @@ pub struct Topic {
 
 impl Topic {
     pub fn partition(&self, index: i32) -> Option<&PartitionLog> {
-        usize::try_from(index).ok().and_then(|i| self.partitions.get(i))
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| self.partitions.get(i))
     }
 }
 
@@ -87,7 +89,11 @@ pub struct Catalog {
 
 impl Catalog {
     /// Opens every topic under `data_dir/topics`, recovering each partition.
-    pub fn open(data_dir: &Path, defaults: LogSettings, default_max_batch_bytes: usize) -> Result<Self, CatalogError> {
+    pub fn open(
+        data_dir: &Path,
+        defaults: LogSettings,
+        default_max_batch_bytes: usize,
+    ) -> Result<Self, CatalogError> {
         let topics_dir = data_dir.join("topics");
         let tmp_dir = data_dir.join("tmp");
         fs::create_dir_all(&topics_dir).map_err(io("create", &topics_dir))?;
@@ -125,11 +131,16 @@ impl Catalog {
         topic_config::validate_topic_name(name).map_err(bad)?;
         let text = fs::read_to_string(&meta_path).map_err(io("read", &meta_path))?;
         let record: TopicRecord = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-        let settings =
-            topic_config::resolve(&self.defaults, self.default_max_batch_bytes, &record.overrides).map_err(bad)?;
+        let settings = topic_config::resolve(
+            &self.defaults,
+            self.default_max_batch_bytes,
+            &record.overrides,
+        )
+        .map_err(bad)?;
         let mut partitions = Vec::with_capacity(record.partitions as usize);
         for index in 0..record.partitions {
-            let (log, report) = PartitionLog::open(&dir.join(index.to_string()), settings.log.to_log_config())?;
+            let (log, report) =
+                PartitionLog::open(&dir.join(index.to_string()), settings.log.to_log_config())?;
             tracing::info!(
                 topic = name,
                 partition = index,
@@ -188,7 +199,8 @@ impl Catalog {
         if self.read().contains_key(name) {
             return Err(CatalogError::AlreadyExists(name.to_string()));
         }
-        topic_config::resolve(&self.defaults, self.default_max_batch_bytes, overrides).map_err(CatalogError::InvalidConfig)
+        topic_config::resolve(&self.defaults, self.default_max_batch_bytes, overrides)
+            .map_err(CatalogError::InvalidConfig)
     }
 
     /// Creates a topic durably: built in `tmp/`, fsynced, then renamed into place.

@@ -82,8 +82,12 @@ impl Default for LogSettings {
         Self {
             segment_bytes: log.segment_bytes,
             segment_ms: log.segment_ms,
-            retention_ms: log.retention_ms.map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX)),
-            retention_bytes: log.retention_bytes.map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX)),
+            retention_ms: log
+                .retention_ms
+                .map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX)),
+            retention_bytes: log
+                .retention_bytes
+                .map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX)),
             index_interval_bytes: log.index_interval_bytes,
             flush_interval_ms: 0,
             checkpoint_interval_bytes: log.checkpoint_interval_bytes,
@@ -132,17 +136,29 @@ impl BrokerConfig {
             ));
         }
         if self.max_connections == 0 || self.max_in_flight_per_connection == 0 {
-            return Err("max_connections and max_in_flight_per_connection must be at least 1".into());
+            return Err(
+                "max_connections and max_in_flight_per_connection must be at least 1".into(),
+            );
         }
         if self.log.segment_bytes < 1024 {
-            return Err(format!("log.segment_bytes must be at least 1024, got {}", self.log.segment_bytes));
+            return Err(format!(
+                "log.segment_bytes must be at least 1024, got {}",
+                self.log.segment_bytes
+            ));
         }
         if self.log.segment_bytes > u32::MAX as u64 {
-            return Err("log.segment_bytes must fit the index's 32-bit positions (<= 4 GiB)".into());
+            return Err(
+                "log.segment_bytes must fit the index's 32-bit positions (<= 4 GiB)".into(),
+            );
         }
-        for (name, value) in [("log.retention_ms", self.log.retention_ms), ("log.retention_bytes", self.log.retention_bytes)] {
+        for (name, value) in [
+            ("log.retention_ms", self.log.retention_ms),
+            ("log.retention_bytes", self.log.retention_bytes),
+        ] {
             if value == 0 || value < -1 {
-                return Err(format!("{name} must be -1 (no limit) or greater than 0, got {value}"));
+                return Err(format!(
+                    "{name} must be -1 (no limit) or greater than 0, got {value}"
+                ));
             }
         }
         split_host_port(&self.advertised()).map(|_| ())

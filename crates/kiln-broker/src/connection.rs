@@ -64,8 +64,14 @@ pub async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
             }) => {
                 // The one case Kafka answers: tell the client which versions exist (v0 format).
                 tracing::info!(%peer, version, "ApiVersions version unsupported; answering with the supported list");
-                let body = handlers::api_versions::response(ResponseError::UnsupportedVersion.code());
-                let outcome = match encode_response(ApiKey::ApiVersions, 0, correlation_id, &ResponseKind::ApiVersions(body)) {
+                let body =
+                    handlers::api_versions::response(ResponseError::UnsupportedVersion.code());
+                let outcome = match encode_response(
+                    ApiKey::ApiVersions,
+                    0,
+                    correlation_id,
+                    &ResponseKind::ApiVersions(body),
+                ) {
                     Ok(frame) => Outcome::Respond(frame),
                     Err(_) => Outcome::Hangup,
                 };
@@ -126,7 +132,11 @@ async fn send_ready(slots: &mpsc::Sender<Slot>, outcome: Outcome) -> bool {
     slots.send(rx).await.is_ok()
 }
 
-async fn write_responses(write_half: tokio::net::tcp::OwnedWriteHalf, mut slots: mpsc::Receiver<Slot>, peer: SocketAddr) {
+async fn write_responses(
+    write_half: tokio::net::tcp::OwnedWriteHalf,
+    mut slots: mpsc::Receiver<Slot>,
+    peer: SocketAddr,
+) {
     let mut writer = BufWriter::with_capacity(64 * 1024, write_half);
     while let Some(slot) = slots.recv().await {
         let frame = match slot.await {

@@ -7,7 +7,9 @@ use crate::CatalogError;
 
 pub fn log_error_code(error: &LogError) -> ResponseError {
     match error {
-        LogError::InvalidBatch { .. } | LogError::CrcMismatch { .. } => ResponseError::CorruptMessage,
+        LogError::InvalidBatch { .. } | LogError::CrcMismatch { .. } => {
+            ResponseError::CorruptMessage
+        }
         LogError::OffsetOutOfRange { .. } => ResponseError::OffsetOutOfRange,
         LogError::Corrupt { .. }
         | LogError::DiskFull { .. }
@@ -25,6 +27,8 @@ pub fn catalog_error_code(error: &CatalogError) -> ResponseError {
         CatalogError::InvalidPartitions(_) => ResponseError::InvalidPartitions,
         CatalogError::InvalidConfig(_) => ResponseError::InvalidConfig,
         CatalogError::Log(e) => log_error_code(e),
-        CatalogError::Io { .. } | CatalogError::BadMetadata { .. } => ResponseError::KafkaStorageError,
+        CatalogError::Io { .. } | CatalogError::BadMetadata { .. } => {
+            ResponseError::KafkaStorageError
+        }
     }
 }

@@ -22,7 +22,8 @@ pub struct DataDirLock {
 }
 
 pub fn lock_data_dir(data_dir: &Path) -> anyhow::Result<DataDirLock> {
-    fs::create_dir_all(data_dir).with_context(|| format!("creating data directory {}", data_dir.display()))?;
+    fs::create_dir_all(data_dir)
+        .with_context(|| format!("creating data directory {}", data_dir.display()))?;
     let path = data_dir.join(".lock");
     let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
     match file.try_lock() {
@@ -32,7 +33,9 @@ pub fn lock_data_dir(data_dir: &Path) -> anyhow::Result<DataDirLock> {
             data_dir.display(),
             path.display()
         ),
-        Err(fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", path.display())),
+        Err(fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("locking {}", path.display()))
+        }
     }
 }
 
@@ -40,9 +43,10 @@ pub fn lock_data_dir(data_dir: &Path) -> anyhow::Result<DataDirLock> {
 pub fn load_or_create(data_dir: &Path, node_id: i32) -> anyhow::Result<Identity> {
     let path = data_dir.join("broker.json");
     if path.exists() {
-        let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-        let identity: Identity =
-            serde_json::from_str(&text).with_context(|| format!("{} is not a valid broker identity", path.display()))?;
+        let text =
+            fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let identity: Identity = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a valid broker identity", path.display()))?;
         if identity.node_id != node_id {
             bail!(
                 "data directory {} belongs to node {}, but this broker is configured as node {}",

@@ -34,7 +34,9 @@ pub fn apply_once(broker: &Broker) {
                     "retention deleted segments"
                 ),
                 Ok(_) => {}
-                Err(e) => tracing::warn!(topic = %topic.name, partition = index, error = %e, "retention failed"),
+                Err(e) => {
+                    tracing::warn!(topic = %topic.name, partition = index, error = %e, "retention failed")
+                }
             }
         }
     }

@@ -74,7 +74,9 @@ pub fn resolve(
         let limit = || -> Result<i64, String> {
             match number()? {
                 n if n == -1 || n > 0 => Ok(n),
-                n => Err(format!("{key}={n} must be -1 (unlimited) or greater than 0")),
+                n => Err(format!(
+                    "{key}={n} must be -1 (unlimited) or greater than 0"
+                )),
             }
         };
         match key.as_str() {
@@ -110,7 +112,10 @@ pub fn resolve(
             }
         }
     }
-    Ok(TopicSettings { log, max_batch_bytes })
+    Ok(TopicSettings {
+        log,
+        max_batch_bytes,
+    })
 }
 
 #[cfg(test)]
@@ -139,10 +144,14 @@ mod tests {
         assert_eq!(s.log.segment_bytes, 1048576);
 
         o.insert("retention.ms".to_string(), "soon".to_string());
-        assert!(resolve(&defaults, 100, &o).unwrap_err().contains("retention.ms"));
+        assert!(resolve(&defaults, 100, &o)
+            .unwrap_err()
+            .contains("retention.ms"));
         let mut bad = BTreeMap::new();
         bad.insert("compression.typo".to_string(), "x".to_string());
-        assert!(resolve(&defaults, 100, &bad).unwrap_err().contains("unknown topic config"));
+        assert!(resolve(&defaults, 100, &bad)
+            .unwrap_err()
+            .contains("unknown topic config"));
         let mut compact = BTreeMap::new();
         compact.insert("cleanup.policy".to_string(), "compact".to_string());
         assert!(resolve(&defaults, 100, &compact).is_err());

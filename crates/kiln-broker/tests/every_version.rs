@@ -12,7 +12,9 @@ use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+use kafka_protocol::records::{
+    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+};
 use kiln_broker::{Broker, BrokerConfig};
 use kiln_client::Connection;
 use kiln_wire::SUPPORTED_APIS;
@@ -40,35 +42,65 @@ fn batch(ts: i64) -> bytes::Bytes {
         headers: Default::default(),
     };
     let mut buf = BytesMut::new();
-    RecordBatchEncoder::encode(&mut buf, [&record], &RecordEncodeOptions { version: 2, compression: Compression::None }).unwrap();
+    RecordBatchEncoder::encode(
+        &mut buf,
+        [&record],
+        &RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        },
+    )
+    .unwrap();
     buf.freeze()
 }
 
 fn request(api: ApiKey, version: i16, topic: &str) -> RequestKind {
     match api {
         ApiKey::ApiVersions => RequestKind::ApiVersions(ApiVersionsRequest::default()),
-        ApiKey::Metadata => RequestKind::Metadata(
-            MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(name(topic)))])),
+        ApiKey::Metadata => {
+            RequestKind::Metadata(MetadataRequest::default().with_topics(Some(vec![
+                MetadataRequestTopic::default().with_name(Some(name(topic))),
+            ])))
+        }
+        ApiKey::CreateTopics => RequestKind::CreateTopics(
+            CreateTopicsRequest::default().with_topics(vec![CreatableTopic::default()
+                .with_name(name(&format!("created-v{version}")))
+                .with_num_partitions(1)
+                .with_replication_factor(1)]),
         ),
-        ApiKey::CreateTopics => RequestKind::CreateTopics(CreateTopicsRequest::default().with_topics(vec![
-            CreatableTopic::default().with_name(name(&format!("created-v{version}"))).with_num_partitions(1).with_replication_factor(1),
-        ])),
-        ApiKey::DeleteTopics => RequestKind::DeleteTopics(DeleteTopicsRequest::default().with_topic_names(vec![name("absent")])),
-        ApiKey::Produce => RequestKind::Produce(ProduceRequest::default().with_acks(-1).with_timeout_ms(5000).with_topic_data(vec![
-            TopicProduceData::default()
-                .with_name(name(topic))
-                .with_partition_data(vec![PartitionProduceData::default().with_index(0).with_records(Some(batch(1000)))]),
-        ])),
-        ApiKey::Fetch => RequestKind::Fetch(FetchRequest::default().with_max_wait_ms(10).with_max_bytes(1 << 20).with_topics(vec![
-            FetchTopic::default()
-                .with_topic(name(topic))
-                .with_partitions(vec![FetchPartition::default().with_partition(0).with_fetch_offset(0).with_partition_max_bytes(1 << 20)]),
-        ])),
-        ApiKey::ListOffsets => RequestKind::ListOffsets(ListOffsetsRequest::default().with_replica_id(BrokerId(-1)).with_topics(vec![
-            ListOffsetsTopic::default().with_name(name(topic)).with_partitions(vec![
-                ListOffsetsPartition::default().with_partition_index(0).with_timestamp(500),
-            ]),
-        ])),
+        ApiKey::DeleteTopics => RequestKind::DeleteTopics(
+            DeleteTopicsRequest::default().with_topic_names(vec![name("absent")]),
+        ),
+        ApiKey::Produce => RequestKind::Produce(
+            ProduceRequest::default()
+                .with_acks(-1)
+                .with_timeout_ms(5000)
+                .with_topic_data(vec![TopicProduceData::default()
+                    .with_name(name(topic))
+                    .with_partition_data(vec![PartitionProduceData::default()
+                        .with_index(0)
+                        .with_records(Some(batch(1000)))])]),
+        ),
+        ApiKey::Fetch => RequestKind::Fetch(
+            FetchRequest::default()
+                .with_max_wait_ms(10)
+                .with_max_bytes(1 << 20)
+                .with_topics(vec![FetchTopic::default()
+                    .with_topic(name(topic))
+                    .with_partitions(vec![FetchPartition::default()
+                        .with_partition(0)
+                        .with_fetch_offset(0)
+                        .with_partition_max_bytes(1 << 20)])]),
+        ),
+        ApiKey::ListOffsets => RequestKind::ListOffsets(
+            ListOffsetsRequest::default()
+                .with_replica_id(BrokerId(-1))
+                .with_topics(vec![ListOffsetsTopic::default()
+                    .with_name(name(topic))
+                    .with_partitions(vec![ListOffsetsPartition::default()
+                        .with_partition_index(0)
+                        .with_timestamp(500)])]),
+        ),
         other => panic!("no sample request for {other:?}"),
     }
 }
@@ -89,7 +121,10 @@ async fn every_supported_version_is_answered() {
         .call(request(ApiKey::CreateTopics, 7, "unused"), T)
         .await
         .unwrap();
-    assert!(matches!(created, ResponseKind::CreateTopics(ref r) if r.topics[0].error_code == 0), "{created:?}");
+    assert!(
+        matches!(created, ResponseKind::CreateTopics(ref r) if r.topics[0].error_code == 0),
+        "{created:?}"
+    );
     let topic = "created-v7";
 
     let mut checked = 0;
@@ -104,13 +139,19 @@ async fn every_supported_version_is_answered() {
                 .unwrap_or_else(|e| panic!("{api:?} v{version}: {e}"));
             let ok = match &response {
                 ResponseKind::ApiVersions(r) => r.error_code == 0 && !r.api_keys.is_empty(),
-                ResponseKind::Metadata(r) => r.topics.len() == 1 && r.topics[0].error_code == 0 && r.brokers.len() == 1,
+                ResponseKind::Metadata(r) => {
+                    r.topics.len() == 1 && r.topics[0].error_code == 0 && r.brokers.len() == 1
+                }
                 ResponseKind::CreateTopics(r) => r.topics[0].error_code == 0,
-                ResponseKind::DeleteTopics(r) => r.responses[0].error_code == ResponseError::UnknownTopicOrPartition.code(),
+                ResponseKind::DeleteTopics(r) => {
+                    r.responses[0].error_code == ResponseError::UnknownTopicOrPartition.code()
+                }
                 ResponseKind::Produce(r) => r.responses[0].partition_responses[0].error_code == 0,
                 ResponseKind::Fetch(r) => {
                     let p = &r.responses[0].partitions[0];
-                    p.error_code == 0 && p.high_watermark > 0 && p.records.as_ref().is_some_and(|b| !b.is_empty())
+                    p.error_code == 0
+                        && p.high_watermark > 0
+                        && p.records.as_ref().is_some_and(|b| !b.is_empty())
                 }
                 ResponseKind::ListOffsets(r) => {
                     let p = &r.topics[0].partitions[0];

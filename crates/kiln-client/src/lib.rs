@@ -10,7 +10,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use kafka_protocol::messages::{ApiKey, ApiVersionsRequest, RequestHeader, RequestKind, ResponseKind};
+use kafka_protocol::messages::{
+    ApiKey, ApiVersionsRequest, RequestHeader, RequestKind, ResponseKind,
+};
 use kafka_protocol::protocol::StrBytes;
 use kiln_wire::{decode_response, encode_request, read_frame, WireError};
 use tokio::io::{AsyncWriteExt, BufReader};
@@ -52,7 +54,10 @@ pub struct Versions(HashMap<i16, i16>);
 impl Versions {
     /// Highest version both sides support.
     pub fn pick(&self, api_key: ApiKey) -> Result<i16, ClientError> {
-        self.0.get(&(api_key as i16)).copied().ok_or(ClientError::Unsupported(api_key))
+        self.0
+            .get(&(api_key as i16))
+            .copied()
+            .ok_or(ClientError::Unsupported(api_key))
     }
 }
 
@@ -70,10 +75,12 @@ impl Connection {
     }
 
     async fn connect_inner(address: &str) -> Result<Self, ClientError> {
-        let stream = TcpStream::connect(address).await.map_err(|e| ClientError::Connect {
-            address: address.to_string(),
-            reason: e.to_string(),
-        })?;
+        let stream = TcpStream::connect(address)
+            .await
+            .map_err(|e| ClientError::Connect {
+                address: address.to_string(),
+                reason: e.to_string(),
+            })?;
         stream.set_nodelay(true).map_err(WireError::Io)?;
         let (read_half, write_half) = stream.into_split();
         let mut connection = Self {
@@ -91,7 +98,11 @@ impl Connection {
             .with_client_software_version(StrBytes::from_static_str(env!("CARGO_PKG_VERSION")));
         let sent = connection
             .writer
-            .send_version(ApiKey::ApiVersions, API_VERSIONS_VERSION, RequestKind::ApiVersions(request))
+            .send_version(
+                ApiKey::ApiVersions,
+                API_VERSIONS_VERSION,
+                RequestKind::ApiVersions(request),
+            )
             .await?;
         let response = connection.reader.recv(&sent).await?;
         let ResponseKind::ApiVersions(response) = response else {
@@ -102,8 +113,12 @@ impl Connection {
         }
         let mut versions = HashMap::new();
         for api in response.api_keys {
-            let Ok(key) = ApiKey::try_from(api.api_key) else { continue };
-            let Some((min_ours, max_ours)) = kiln_wire::supported_versions(key) else { continue };
+            let Ok(key) = ApiKey::try_from(api.api_key) else {
+                continue;
+            };
+            let Some((min_ours, max_ours)) = kiln_wire::supported_versions(key) else {
+                continue;
+            };
             let max = api.max_version.min(max_ours);
             if max >= api.min_version.max(min_ours) {
                 versions.insert(api.api_key, max);
@@ -118,7 +133,11 @@ impl Connection {
     }
 
     /// Sends one request and waits for its response.
-    pub async fn call(&mut self, body: RequestKind, timeout: Duration) -> Result<ResponseKind, ClientError> {
+    pub async fn call(
+        &mut self,
+        body: RequestKind,
+        timeout: Duration,
+    ) -> Result<ResponseKind, ClientError> {
         let sent = self.writer.send(body).await?;
         tokio::time::timeout(timeout, self.reader.recv(&sent))
             .await
@@ -126,7 +145,12 @@ impl Connection {
     }
 
     /// Sends one request at an explicit version (tests use this to cover every version).
-    pub async fn call_at(&mut self, version: i16, body: RequestKind, timeout: Duration) -> Result<ResponseKind, ClientError> {
+    pub async fn call_at(
+        &mut self,
+        version: i16,
+        body: RequestKind,
+        timeout: Duration,
+    ) -> Result<ResponseKind, ClientError> {
         let api_key = api_key_of(&body);
         let sent = self.writer.send_version(api_key, version, body).await?;
         tokio::time::timeout(timeout, self.reader.recv(&sent))
@@ -174,7 +198,14 @@ impl RequestWriter {
             .with_correlation_id(correlation_id)
             .with_client_id(Some(StrBytes::from_static_str(CLIENT_ID)));
         let frame = encode_request(&header, body)?;
-        Ok((Sent { api_key, version, correlation_id }, frame))
+        Ok((
+            Sent {
+                api_key,
+                version,
+                correlation_id,
+            },
+            frame,
+        ))
     }
 
     pub async fn send_frame(&mut self, frame: &[u8]) -> Result<(), ClientError> {
@@ -182,7 +213,12 @@ impl RequestWriter {
         Ok(())
     }
 
-    async fn send_version(&mut self, api_key: ApiKey, version: i16, body: RequestKind) -> Result<Sent, ClientError> {
+    async fn send_version(
+        &mut self,
+        api_key: ApiKey,
+        version: i16,
+        body: RequestKind,
+    ) -> Result<Sent, ClientError> {
         let correlation_id = self.next_correlation_id;
         self.next_correlation_id = self.next_correlation_id.wrapping_add(1);
         let header = RequestHeader::default()
@@ -192,7 +228,11 @@ impl RequestWriter {
             .with_client_id(Some(StrBytes::from_static_str(CLIENT_ID)));
         let frame = encode_request(&header, &body)?;
         self.send_frame(&frame).await?;
-        Ok(Sent { api_key, version, correlation_id })
+        Ok(Sent {
+            api_key,
+            version,
+            correlation_id,
+        })
     }
 }
 

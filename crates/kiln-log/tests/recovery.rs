@@ -401,7 +401,7 @@ fn kill_9_child() {
         let info = log.append(&batch, 0).unwrap();
         written += per_batch;
         i += 1;
-        if i % 64 == 0 {
+        if i.is_multiple_of(64) {
             block_on(log.wait_durable(info.last_offset + 1)).unwrap();
             println!("durable {}", info.last_offset + 1);
         }

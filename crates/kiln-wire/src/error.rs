@@ -14,6 +14,14 @@ pub enum WireError {
     ShortHeader { len: usize },
     #[error("unknown API key {api_key} (correlation id {correlation_id})")]
     UnknownApiKey { api_key: i16, correlation_id: i32 },
+    #[error(
+        "{api_key:?} is not served by Kiln (request v{version}, correlation id {correlation_id})"
+    )]
+    UnsupportedApi {
+        api_key: ApiKey,
+        version: i16,
+        correlation_id: i32,
+    },
     #[error("{api_key:?} v{version} is not supported (supported: v{min} to v{max}; correlation id {correlation_id})")]
     UnsupportedVersion {
         api_key: ApiKey,
@@ -22,7 +30,9 @@ pub enum WireError {
         max: i16,
         correlation_id: i32,
     },
-    #[error("malformed {api_key:?} v{version} request (correlation id {correlation_id}): {reason}")]
+    #[error(
+        "malformed {api_key:?} v{version} request (correlation id {correlation_id}): {reason}"
+    )]
     Malformed {
         api_key: ApiKey,
         version: i16,

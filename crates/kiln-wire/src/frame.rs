@@ -57,7 +57,10 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
 }
 
 /// Writes an already size-prefixed frame (as produced by the encoders here).
-pub async fn write_frame<W: AsyncWrite + Unpin>(writer: &mut W, frame: &[u8]) -> Result<(), WireError> {
+pub async fn write_frame<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    frame: &[u8],
+) -> Result<(), WireError> {
     writer.write_all(frame).await?;
     Ok(())
 }
@@ -70,8 +73,14 @@ mod tests {
     #[tokio::test]
     async fn reads_frames_and_clean_eof() {
         let mut data: &[u8] = &[0, 0, 0, 3, 1, 2, 3, 0, 0, 0, 1, 9];
-        assert_eq!(read_frame(&mut data, 16).await.unwrap().unwrap().as_ref(), &[1, 2, 3]);
-        assert_eq!(read_frame(&mut data, 16).await.unwrap().unwrap().as_ref(), &[9]);
+        assert_eq!(
+            read_frame(&mut data, 16).await.unwrap().unwrap().as_ref(),
+            &[1, 2, 3]
+        );
+        assert_eq!(
+            read_frame(&mut data, 16).await.unwrap().unwrap().as_ref(),
+            &[9]
+        );
         assert!(read_frame(&mut data, 16).await.unwrap().is_none());
     }
 
@@ -80,24 +89,42 @@ mod tests {
         // Claims 2 GiB - 1 but sends nothing more: must fail on the prefix alone.
         let mut data: &[u8] = &[0x7f, 0xff, 0xff, 0xff];
         let err = read_frame(&mut data, 1024).await.unwrap_err();
-        assert!(matches!(err, WireError::FrameTooLarge { size: 2147483647, limit: 1024 }));
+        assert!(matches!(
+            err,
+            WireError::FrameTooLarge {
+                size: 2147483647,
+                limit: 1024
+            }
+        ));
     }
 
     #[tokio::test]
     async fn rejects_negative_zero_and_truncated() {
         let mut neg: &[u8] = &[0xff, 0xff, 0xff, 0xfe];
-        assert!(matches!(read_frame(&mut neg, 16).await.unwrap_err(), WireError::InvalidFrameSize { size: -2 }));
+        assert!(matches!(
+            read_frame(&mut neg, 16).await.unwrap_err(),
+            WireError::InvalidFrameSize { size: -2 }
+        ));
         let mut zero: &[u8] = &[0, 0, 0, 0];
-        assert!(matches!(read_frame(&mut zero, 16).await.unwrap_err(), WireError::InvalidFrameSize { size: 0 }));
+        assert!(matches!(
+            read_frame(&mut zero, 16).await.unwrap_err(),
+            WireError::InvalidFrameSize { size: 0 }
+        ));
         let mut short_body: &[u8] = &[0, 0, 0, 5, 1, 2];
         assert!(matches!(
             read_frame(&mut short_body, 16).await.unwrap_err(),
-            WireError::TruncatedFrame { received: 2, expected: 5 }
+            WireError::TruncatedFrame {
+                received: 2,
+                expected: 5
+            }
         ));
         let mut short_prefix: &[u8] = &[0, 0];
         assert!(matches!(
             read_frame(&mut short_prefix, 16).await.unwrap_err(),
-            WireError::TruncatedFrame { received: 2, expected: 4 }
+            WireError::TruncatedFrame {
+                received: 2,
+                expected: 4
+            }
         ));
     }
 }

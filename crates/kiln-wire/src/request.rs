@@ -33,11 +33,9 @@ pub fn decode_request(frame: Bytes) -> Result<DecodedRequest, WireError> {
         api_key: raw_key,
         correlation_id,
     })?;
-    let (min, max) = supported_versions(api_key).ok_or(WireError::UnsupportedVersion {
+    let (min, max) = supported_versions(api_key).ok_or(WireError::UnsupportedApi {
         api_key,
         version,
-        min: 0,
-        max: -1,
         correlation_id,
     })?;
     if version < min || version > max {
@@ -59,8 +57,13 @@ pub fn decode_request(frame: Bytes) -> Result<DecodedRequest, WireError> {
     let mut buf = frame;
     let header = RequestHeader::decode(&mut buf, api_key.request_header_version(version))
         .map_err(|e| malformed(format!("header: {e:#}")))?;
-    let body = RequestKind::decode(api_key, &mut buf, version).map_err(|e| malformed(format!("{e:#}")))?;
-    Ok(DecodedRequest { api_key, header, body })
+    let body =
+        RequestKind::decode(api_key, &mut buf, version).map_err(|e| malformed(format!("{e:#}")))?;
+    Ok(DecodedRequest {
+        api_key,
+        header,
+        body,
+    })
 }
 
 /// Encodes a request as a complete frame, size prefix included.

@@ -30,17 +30,28 @@ pub fn encode_response(
 }
 
 /// Decodes a response frame (without its size prefix) for a request of the given API and version.
-pub fn decode_response(api_key: ApiKey, version: i16, frame: Bytes) -> Result<(i32, ResponseKind), WireError> {
+pub fn decode_response(
+    api_key: ApiKey,
+    version: i16,
+    frame: Bytes,
+) -> Result<(i32, ResponseKind), WireError> {
     let mut buf = frame;
     if buf.remaining() < 4 {
         return Err(WireError::MalformedResponse {
-            reason: format!("{} bytes is too short for a response header", buf.remaining()),
+            reason: format!(
+                "{} bytes is too short for a response header",
+                buf.remaining()
+            ),
         });
     }
     let header = ResponseHeader::decode(&mut buf, api_key.response_header_version(version))
-        .map_err(|e| WireError::MalformedResponse { reason: format!("header: {e:#}") })?;
-    let body = ResponseKind::decode(api_key, &mut buf, version).map_err(|e| WireError::MalformedResponse {
-        reason: format!("{api_key:?} v{version}: {e:#}"),
+        .map_err(|e| WireError::MalformedResponse {
+            reason: format!("header: {e:#}"),
+        })?;
+    let body = ResponseKind::decode(api_key, &mut buf, version).map_err(|e| {
+        WireError::MalformedResponse {
+            reason: format!("{api_key:?} v{version}: {e:#}"),
+        }
     })?;
     Ok((header.correlation_id, body))
 }
@@ -50,7 +61,9 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::{decode_request, encode_request, WireError};
-    use kafka_protocol::messages::{ApiVersionsRequest, ApiVersionsResponse, RequestHeader, RequestKind};
+    use kafka_protocol::messages::{
+        ApiVersionsRequest, ApiVersionsResponse, RequestHeader, RequestKind,
+    };
     use kafka_protocol::protocol::StrBytes;
     use proptest::prelude::*;
 
@@ -81,7 +94,8 @@ mod tests {
     fn response_round_trip() {
         let body = ResponseKind::ApiVersions(ApiVersionsResponse::default().with_error_code(35));
         let frame = encode_response(ApiKey::ApiVersions, 3, 7, &body).unwrap();
-        let (correlation_id, decoded) = decode_response(ApiKey::ApiVersions, 3, frame.slice(4..)).unwrap();
+        let (correlation_id, decoded) =
+            decode_response(ApiKey::ApiVersions, 3, frame.slice(4..)).unwrap();
         assert_eq!(correlation_id, 7);
         match decoded {
             ResponseKind::ApiVersions(r) => assert_eq!(r.error_code, 35),
@@ -95,13 +109,20 @@ mod tests {
         frame[0..2].copy_from_slice(&999i16.to_be_bytes());
         assert!(matches!(
             decode_request(Bytes::from(frame.clone())),
-            Err(WireError::UnknownApiKey { api_key: 999, correlation_id: 42 })
+            Err(WireError::UnknownApiKey {
+                api_key: 999,
+                correlation_id: 42
+            })
         ));
         frame[0..2].copy_from_slice(&(ApiKey::ApiVersions as i16).to_be_bytes());
         frame[2..4].copy_from_slice(&77i16.to_be_bytes());
         assert!(matches!(
             decode_request(Bytes::from(frame)),
-            Err(WireError::UnsupportedVersion { version: 77, correlation_id: 42, .. })
+            Err(WireError::UnsupportedVersion {
+                version: 77,
+                correlation_id: 42,
+                ..
+            })
         ));
     }
 
@@ -122,7 +143,10 @@ mod tests {
         frame.put_i32(1);
         frame.put_i16(-1); // null client id
         frame.put_i32(i32::MAX);
-        assert!(matches!(decode_request(frame.freeze()), Err(WireError::Malformed { .. })));
+        assert!(matches!(
+            decode_request(frame.freeze()),
+            Err(WireError::Malformed { .. })
+        ));
     }
 
     proptest! {

@@ -36,7 +36,10 @@ mod tests {
         for &(key, min, max) in SUPPORTED_APIS {
             let codec = key.valid_versions();
             assert!(min <= max, "{key:?}");
-            assert!(codec.min <= min && max <= codec.max, "{key:?} {min}..{max} outside codec {codec}");
+            assert!(
+                codec.min <= min && max <= codec.max,
+                "{key:?} {min}..{max} outside codec {codec}"
+            );
         }
         let _ = kafka_protocol::messages::ApiVersionsRequest::VERSIONS;
     }

@@ -19,7 +19,8 @@ fn broker_config_from(
     args: &BrokerArgs,
     env: impl Iterator<Item = (String, String)>,
 ) -> anyhow::Result<BrokerConfig> {
-    let defaults = Config::try_from(&BrokerConfig::default()).context("encoding the built-in defaults")?;
+    let defaults =
+        Config::try_from(&BrokerConfig::default()).context("encoding the built-in defaults")?;
     let mut builder = Config::builder().add_source(defaults);
     if let Some(path) = &args.config {
         if !path.exists() {
@@ -101,7 +102,11 @@ mod tests {
     #[test]
     fn file_then_env_then_flags() {
         let mut file = tempfile::NamedTempFile::new().unwrap();
-        writeln!(file, "node_id = 3\ndefault_partitions = 4\n[log]\nretention_ms = 1000").unwrap();
+        writeln!(
+            file,
+            "node_id = 3\ndefault_partitions = 4\n[log]\nretention_ms = 1000"
+        )
+        .unwrap();
         let args = BrokerArgs {
             config: Some(file.path().to_path_buf()),
             node_id: Some(7),

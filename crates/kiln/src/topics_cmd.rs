@@ -8,8 +8,8 @@ use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableT
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{
-    BrokerId, CreateTopicsRequest, DeleteTopicsRequest, ListOffsetsRequest, MetadataRequest, MetadataResponse,
-    RequestKind, ResponseKind, TopicName,
+    BrokerId, CreateTopicsRequest, DeleteTopicsRequest, ListOffsetsRequest, MetadataRequest,
+    MetadataResponse, RequestKind, ResponseKind, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
@@ -18,7 +18,12 @@ use kiln_client::Connection;
 #[derive(Args, Debug)]
 pub struct TopicsArgs {
     /// Broker to talk to.
-    #[arg(long, global = true, env = "KILN_BOOTSTRAP", default_value = "127.0.0.1:9092")]
+    #[arg(
+        long,
+        global = true,
+        env = "KILN_BOOTSTRAP",
+        default_value = "127.0.0.1:9092"
+    )]
     bootstrap: String,
     /// How long to wait for the broker, in seconds.
     #[arg(long, global = true, default_value_t = 10)]
@@ -59,7 +64,17 @@ pub async fn run(args: TopicsArgs) -> anyhow::Result<()> {
             partitions,
             replication_factor,
             configs,
-        } => create(&mut conn, timeout, name, partitions, replication_factor, &configs).await,
+        } => {
+            create(
+                &mut conn,
+                timeout,
+                name,
+                partitions,
+                replication_factor,
+                &configs,
+            )
+            .await
+        }
         TopicsCommand::List => list(&mut conn, timeout).await,
         TopicsCommand::Describe { name } => describe(&mut conn, timeout, &name).await,
         TopicsCommand::Delete { name } => delete(&mut conn, timeout, &name).await,
@@ -71,7 +86,8 @@ fn topic_name(name: &str) -> TopicName {
 }
 
 fn error_text(code: i16, message: Option<&StrBytes>) -> String {
-    let name = ResponseError::try_from_code(code).map_or_else(|| format!("error {code}"), |e| format!("{e:?}"));
+    let name = ResponseError::try_from_code(code)
+        .map_or_else(|| format!("error {code}"), |e| format!("{e:?}"));
     match message {
         Some(m) => format!("{name}: {}", m.as_str()),
         None => name,
@@ -104,21 +120,32 @@ async fn create(
             .with_num_partitions(partitions)
             .with_replication_factor(replication_factor)
             .with_configs(topic_configs)]);
-    let ResponseKind::CreateTopics(response) = conn.call(RequestKind::CreateTopics(request), timeout).await? else {
+    let ResponseKind::CreateTopics(response) = conn
+        .call(RequestKind::CreateTopics(request), timeout)
+        .await?
+    else {
         bail!("unexpected response to CreateTopics");
     };
     for t in response.topics {
         if t.error_code != 0 {
-            bail!("cannot create topic {name:?}: {}", error_text(t.error_code, t.error_message.as_ref()));
+            bail!(
+                "cannot create topic {name:?}: {}",
+                error_text(t.error_code, t.error_message.as_ref())
+            );
         }
     }
     println!("created topic {name} with {partitions} partition(s)");
     Ok(())
 }
 
-async fn metadata(conn: &mut Connection, timeout: Duration, name: Option<&str>) -> anyhow::Result<MetadataResponse> {
-    let request = MetadataRequest::default()
-        .with_topics(name.map(|n| vec![MetadataRequestTopic::default().with_name(Some(topic_name(n)))]));
+async fn metadata(
+    conn: &mut Connection,
+    timeout: Duration,
+    name: Option<&str>,
+) -> anyhow::Result<MetadataResponse> {
+    let request = MetadataRequest::default().with_topics(
+        name.map(|n| vec![MetadataRequestTopic::default().with_name(Some(topic_name(n)))]),
+    );
     match conn.call(RequestKind::Metadata(request), timeout).await? {
         ResponseKind::Metadata(m) => Ok(m),
         _ => bail!("unexpected response to Metadata"),
@@ -130,7 +157,11 @@ async fn list(conn: &mut Connection, timeout: Duration) -> anyhow::Result<()> {
     let mut names: Vec<_> = response
         .topics
         .iter()
-        .filter_map(|t| t.name.as_ref().map(|n| (n.as_str().to_string(), t.partitions.len())))
+        .filter_map(|t| {
+            t.name
+                .as_ref()
+                .map(|n| (n.as_str().to_string(), t.partitions.len()))
+        })
         .collect();
     names.sort();
     for (name, partitions) in names {
@@ -145,16 +176,30 @@ async fn describe(conn: &mut Connection, timeout: Duration, name: &str) -> anyho
         bail!("the broker returned no metadata for {name:?}");
     };
     if topic.error_code != 0 {
-        bail!("cannot describe {name:?}: {}", error_text(topic.error_code, None));
+        bail!(
+            "cannot describe {name:?}: {}",
+            error_text(topic.error_code, None)
+        );
     }
     let mut partitions: Vec<i32> = topic.partitions.iter().map(|p| p.partition_index).collect();
     partitions.sort_unstable();
     let earliest = offsets(conn, timeout, name, &partitions, -2).await?;
     let latest = offsets(conn, timeout, name, &partitions, -1).await?;
-    println!("topic {name}  id {}  partitions {}", topic.topic_id, partitions.len());
-    println!("{:>9}  {:>6}  {:>8}  {:>14}  {:>14}  {:>10}", "partition", "leader", "replicas", "start offset", "end offset", "records");
+    println!(
+        "topic {name}  id {}  partitions {}",
+        topic.topic_id,
+        partitions.len()
+    );
+    println!(
+        "{:>9}  {:>6}  {:>8}  {:>14}  {:>14}  {:>10}",
+        "partition", "leader", "replicas", "start offset", "end offset", "records"
+    );
     for p in topic.partitions.iter() {
-        let replicas: Vec<String> = p.replica_nodes.iter().map(|BrokerId(id)| id.to_string()).collect();
+        let replicas: Vec<String> = p
+            .replica_nodes
+            .iter()
+            .map(|BrokerId(id)| id.to_string())
+            .collect();
         let start = earliest.get(&p.partition_index).copied().unwrap_or(-1);
         let end = latest.get(&p.partition_index).copied().unwrap_or(-1);
         println!(
@@ -179,13 +224,22 @@ async fn offsets(
 ) -> anyhow::Result<std::collections::HashMap<i32, i64>> {
     let request = ListOffsetsRequest::default()
         .with_replica_id(BrokerId(-1))
-        .with_topics(vec![ListOffsetsTopic::default().with_name(topic_name(name)).with_partitions(
-            partitions
-                .iter()
-                .map(|&p| ListOffsetsPartition::default().with_partition_index(p).with_timestamp(timestamp))
-                .collect(),
-        )]);
-    let ResponseKind::ListOffsets(response) = conn.call(RequestKind::ListOffsets(request), timeout).await? else {
+        .with_topics(vec![ListOffsetsTopic::default()
+            .with_name(topic_name(name))
+            .with_partitions(
+                partitions
+                    .iter()
+                    .map(|&p| {
+                        ListOffsetsPartition::default()
+                            .with_partition_index(p)
+                            .with_timestamp(timestamp)
+                    })
+                    .collect(),
+            )]);
+    let ResponseKind::ListOffsets(response) = conn
+        .call(RequestKind::ListOffsets(request), timeout)
+        .await?
+    else {
         bail!("unexpected response to ListOffsets");
     };
     Ok(response
@@ -201,12 +255,18 @@ async fn delete(conn: &mut Connection, timeout: Duration, name: &str) -> anyhow:
     let request = DeleteTopicsRequest::default()
         .with_timeout_ms(timeout.as_millis() as i32)
         .with_topic_names(vec![topic_name(name)]);
-    let ResponseKind::DeleteTopics(response) = conn.call(RequestKind::DeleteTopics(request), timeout).await? else {
+    let ResponseKind::DeleteTopics(response) = conn
+        .call(RequestKind::DeleteTopics(request), timeout)
+        .await?
+    else {
         bail!("unexpected response to DeleteTopics");
     };
     for r in response.responses {
         if r.error_code != 0 {
-            bail!("cannot delete topic {name:?}: {}", error_text(r.error_code, r.error_message.as_ref()));
+            bail!(
+                "cannot delete topic {name:?}: {}",
+                error_text(r.error_code, r.error_message.as_ref())
+            );
         }
     }
     println!("deleted topic {name}");

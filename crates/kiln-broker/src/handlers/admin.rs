@@ -3,10 +3,13 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use kafka_protocol::messages::create_topics_response::{CreatableTopicConfigs, CreatableTopicResult};
+use kafka_protocol::messages::create_topics_response::{
+    CreatableTopicConfigs, CreatableTopicResult,
+};
 use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
 use kafka_protocol::messages::{
-    CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse, ResponseKind,
+    CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse,
+    ResponseKind,
 };
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
@@ -75,7 +78,10 @@ fn create_one(
             Err(_) => {
                 return fail(
                     ResponseError::InvalidPartitions,
-                    format!("partition count {} must be at least 1", topic.num_partitions),
+                    format!(
+                        "partition count {} must be at least 1",
+                        topic.num_partitions
+                    ),
                 )
             }
         }
@@ -83,12 +89,18 @@ fn create_one(
     let mut overrides = BTreeMap::new();
     for c in &topic.configs {
         let Some(value) = &c.value else {
-            return fail(ResponseError::InvalidConfig, format!("config {} has no value", c.name.as_str()));
+            return fail(
+                ResponseError::InvalidConfig,
+                format!("config {} has no value", c.name.as_str()),
+            );
         };
         overrides.insert(c.name.to_string(), value.to_string());
     }
     let outcome = if validate_only {
-        broker.catalog.validate_create(topic.name.as_str(), partitions, &overrides).map(|_| None)
+        broker
+            .catalog
+            .validate_create(topic.name.as_str(), partitions, &overrides)
+            .map(|_| None)
     } else {
         broker
             .catalog

@@ -17,7 +17,9 @@ use crate::server::Broker;
 
 pub fn handle(broker: &Arc<Broker>, request: FetchRequest) -> Reply {
     let broker = broker.clone();
-    Reply::Later(Box::pin(async move { ResponseKind::Fetch(long_poll(&broker, &request).await) }))
+    Reply::Later(Box::pin(async move {
+        ResponseKind::Fetch(long_poll(&broker, &request).await)
+    }))
 }
 
 async fn long_poll(broker: &Broker, request: &FetchRequest) -> FetchResponse {
@@ -34,7 +36,11 @@ async fn long_poll(broker: &Broker, request: &FetchRequest) -> FetchResponse {
         if bytes >= min_bytes || had_error || expired || watchers.is_empty() {
             return response;
         }
-        let changed = select_all(watchers.into_iter().map(|mut rx| Box::pin(async move { rx.changed().await })));
+        let changed = select_all(
+            watchers
+                .into_iter()
+                .map(|mut rx| Box::pin(async move { rx.changed().await })),
+        );
         if tokio::time::timeout_at(deadline, changed).await.is_err() {
             // Timed out: answer with whatever is there now (usually nothing).
             let (response, _, _) = read_once(broker, request, &mut Vec::new());
@@ -65,7 +71,8 @@ fn read_once(
                 .with_log_start_offset(-1);
             let Some(log) = topic.as_ref().and_then(|t| t.partition(p.partition)) else {
                 had_error = true;
-                partitions.push(data.with_error_code(ResponseError::UnknownTopicOrPartition.code()));
+                partitions
+                    .push(data.with_error_code(ResponseError::UnknownTopicOrPartition.code()));
                 continue;
             };
             watchers.push(log.subscribe_durable());
@@ -74,10 +81,16 @@ fn read_once(
                 .with_high_watermark(high_watermark)
                 .with_last_stable_offset(high_watermark)
                 .with_log_start_offset(log.log_start_offset());
-            let partition_max = usize::try_from(p.partition_max_bytes).unwrap_or(0).min(budget);
+            let partition_max = usize::try_from(p.partition_max_bytes)
+                .unwrap_or(0)
+                .min(budget);
             // KIP-74: the first non-empty partition returns at least one whole batch, so a batch
             // larger than the limits can never wedge a consumer.
-            let max_bytes = if total == 0 { partition_max.max(1) } else { partition_max };
+            let max_bytes = if total == 0 {
+                partition_max.max(1)
+            } else {
+                partition_max
+            };
             if p.fetch_offset > log.log_end_offset() || p.fetch_offset < log.log_start_offset() {
                 had_error = true;
                 partitions.push(data.with_error_code(ResponseError::OffsetOutOfRange.code()));
@@ -109,5 +122,9 @@ fn read_once(
                 .with_partitions(partitions),
         );
     }
-    (FetchResponse::default().with_responses(topics), total, had_error)
+    (
+        FetchResponse::default().with_responses(topics),
+        total,
+        had_error,
+    )
 }

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
+use kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+};
 use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
 use kafka_protocol::records::RecordBatchDecoder;
 use kafka_protocol::ResponseError;
@@ -64,8 +66,10 @@ fn lookup(log: &PartitionLog, timestamp: i64) -> Result<Option<(i64, i64)>, LogE
             if found.batch_base_offset >= high_watermark {
                 return Ok(None);
             }
-            Ok(Some(first_record_at_or_after(log, found.batch_base_offset, ts, high_watermark)?
-                .unwrap_or((found.batch_base_offset, found.batch_max_timestamp))))
+            Ok(Some(
+                first_record_at_or_after(log, found.batch_base_offset, ts, high_watermark)?
+                    .unwrap_or((found.batch_base_offset, found.batch_max_timestamp)),
+            ))
         }
         // Other negative values (e.g. -3, max timestamp) are not served.
         _ => Ok(None),
@@ -88,7 +92,9 @@ fn first_record_at_or_after(
     if header.attributes & COMPRESSION_MASK != 0 {
         return Ok(None);
     }
-    let mut bytes = read.records.slice(..header.total_len().min(read.records.len()));
+    let mut bytes = read
+        .records
+        .slice(..header.total_len().min(read.records.len()));
     let Ok(set) = RecordBatchDecoder::decode(&mut bytes) else {
         return Ok(None);
     };

@@ -1,6 +1,8 @@
 use std::sync::Arc;
 
-use kafka_protocol::messages::metadata_response::{MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic};
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
 use kafka_protocol::messages::{BrokerId, MetadataRequest, MetadataResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
@@ -12,7 +14,12 @@ use crate::server::Broker;
 pub fn handle(broker: &Arc<Broker>, request: MetadataRequest) -> MetadataResponse {
     let node = BrokerId(broker.config.node_id);
     let topics = match request.topics {
-        None => broker.catalog.list().iter().map(|t| describe(t, node)).collect(),
+        None => broker
+            .catalog
+            .list()
+            .iter()
+            .map(|t| describe(t, node))
+            .collect(),
         Some(wanted) => wanted
             .into_iter()
             .map(|t| {
@@ -36,12 +43,18 @@ pub fn handle(broker: &Arc<Broker>, request: MetadataRequest) -> MetadataRespons
             .with_node_id(node)
             .with_host(StrBytes::from_string(broker.advertised_host.clone()))
             .with_port(broker.advertised_port)])
-        .with_cluster_id(Some(StrBytes::from_string(broker.identity.cluster_id.clone())))
+        .with_cluster_id(Some(StrBytes::from_string(
+            broker.identity.cluster_id.clone(),
+        )))
         .with_controller_id(node)
         .with_topics(topics)
 }
 
-fn lookup_or_create(broker: &Broker, name: &str, client_allows: bool) -> Result<Arc<Topic>, CatalogError> {
+fn lookup_or_create(
+    broker: &Broker,
+    name: &str,
+    client_allows: bool,
+) -> Result<Arc<Topic>, CatalogError> {
     if let Some(topic) = broker.catalog.get(name) {
         return Ok(topic);
     }

@@ -39,12 +39,19 @@ pub fn handle(broker: &Arc<Broker>, request: ProduceRequest) -> Reply {
                 .with_log_append_time_ms(-1)
                 .with_log_start_offset(-1);
             let Some(log) = topic.as_ref().and_then(|t| t.partition(data.index)) else {
-                partitions.push(response.with_error_code(ResponseError::UnknownTopicOrPartition.code()));
+                partitions
+                    .push(response.with_error_code(ResponseError::UnknownTopicOrPartition.code()));
                 continue;
             };
-            let max_batch_bytes = topic.as_ref().map_or(broker.config.max_batch_bytes, |t| t.settings.max_batch_bytes);
+            let max_batch_bytes = topic.as_ref().map_or(broker.config.max_batch_bytes, |t| {
+                t.settings.max_batch_bytes
+            });
             let Some(records) = data.records else {
-                partitions.push(error(response, ResponseError::InvalidRecord, "no records".into()));
+                partitions.push(error(
+                    response,
+                    ResponseError::InvalidRecord,
+                    "no records".into(),
+                ));
                 continue;
             };
             if let Some(too_big) = batch::batches(&records)
@@ -94,12 +101,17 @@ pub fn handle(broker: &Arc<Broker>, request: ProduceRequest) -> Reply {
     if waiting.is_empty() {
         return Reply::Now(Box::new(ResponseKind::Produce(response)));
     }
-    let timeout = Duration::from_millis(u64::try_from(request.timeout_ms).unwrap_or(0)).max(ACK_TIMEOUT_MIN);
+    let timeout =
+        Duration::from_millis(u64::try_from(request.timeout_ms).unwrap_or(0)).max(ACK_TIMEOUT_MIN);
     Reply::Later(Box::pin(wait_durable(response, waiting, timeout)))
 }
 
 /// acks=1 and acks=all both wait for the fsync: on one node the leader is the whole quorum.
-async fn wait_durable(mut response: ProduceResponse, waiting: Vec<Waiting>, timeout: Duration) -> ResponseKind {
+async fn wait_durable(
+    mut response: ProduceResponse,
+    waiting: Vec<Waiting>,
+    timeout: Duration,
+) -> ResponseKind {
     let deadline = tokio::time::Instant::now() + timeout;
     for w in waiting {
         let outcome = tokio::time::timeout_at(deadline, w.log.wait_durable(w.next_offset)).await;
@@ -123,7 +135,11 @@ async fn wait_durable(mut response: ProduceResponse, waiting: Vec<Waiting>, time
     ResponseKind::Produce(response)
 }
 
-fn error(response: PartitionProduceResponse, code: ResponseError, message: String) -> PartitionProduceResponse {
+fn error(
+    response: PartitionProduceResponse,
+    code: ResponseError,
+    message: String,
+) -> PartitionProduceResponse {
     response
         .with_error_code(code.code())
         .with_error_message(Some(StrBytes::from_string(message)))
