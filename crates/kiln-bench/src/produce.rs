@@ -91,7 +91,7 @@ pub async fn run(dir: &Path, args: &ProduceArgs) -> anyhow::Result<ProduceFigure
             connection,
             batch.clone(),
             args.clone(),
-            c as i32,
+            c as i32 % args.partitions.max(1),
             deadline,
         )));
     }
@@ -183,7 +183,7 @@ async fn drive_connection(
                 .flat_map(|t| t.partition_responses.iter())
             {
                 if p.error_code != 0 {
-                    bail!("produce failed with error code {}", p.error_code);
+                    bail!("produce failed with error code {}: {:?}", p.error_code, p.error_message);
                 }
             }
             latency.record((Instant::elapsed(&at).as_micros() as u64).max(1))?;
@@ -193,8 +193,16 @@ async fn drive_connection(
         Ok::<_, anyhow::Error>((latency, acked))
     });
     let mut partition = first_partition;
+    tokio::pin!(reader_task);
     while Instant::now() < deadline {
-        let permit = window.acquire().await?;
+        // If the reader fails (a produce error, a closed connection) stop at once with its error
+        // instead of waiting for window permits that will never come back.
+        let permit = tokio::select! {
+            permit = window.acquire() => permit?,
+            finished = &mut reader_task => {
+                return finished.context("reader panicked")?.and_then(|_| bail!("reader stopped early"));
+            }
+        };
         permit.forget();
         let request = ProduceRequest::default()
             .with_acks(-1)
