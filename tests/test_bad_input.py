@@ -183,15 +183,18 @@ def test_unsupported_version_of_other_api(seeded):
     assert_healthy(seeded)
 
 
+INIT_PRODUCER_ID = 22  # a real Kafka API that Kiln does not serve (no idempotent producers yet)
+
+
 def test_not_advertised_api(seeded):
-    """An API the broker does not list in ApiVersions (FindCoordinator while groups are missing)."""
+    """A real Kafka API the broker does not list in ApiVersions (InitProducerId)."""
     with kr.Conn(seeded.addr) as c:
         _, apis = kr.api_versions_v0(c)
-        if kr.FIND_COORDINATOR in apis:
-            pytest.skip("FindCoordinator is implemented now; nothing unadvertised to probe")
+        assert INIT_PRODUCER_ID not in apis, "InitProducerId is advertised now: pick another API"
         n0 = len(seeded.log_text())
-        corr = c.send_request(kr.FIND_COORDINATOR, 0, kr.string("g"), corr=4244)
-        print("FindCoordinator v0:", expect_error_or_close(seeded, c, corr, n0))
+        # InitProducerId v0: transactional_id (nullable string) and transaction_timeout_ms.
+        corr = c.send_request(INIT_PRODUCER_ID, 0, kr.i16(-1) + kr.i32(60000), corr=4244)
+        print("InitProducerId v0:", expect_error_or_close(seeded, c, corr, n0))
     assert_healthy(seeded)
 
 

@@ -183,7 +183,11 @@ async fn drive_connection(
                 .flat_map(|t| t.partition_responses.iter())
             {
                 if p.error_code != 0 {
-                    bail!("produce failed with error code {}: {:?}", p.error_code, p.error_message);
+                    bail!(
+                        "produce failed with error code {}: {:?}",
+                        p.error_code,
+                        p.error_message
+                    );
                 }
             }
             latency.record((Instant::elapsed(&at).as_micros() as u64).max(1))?;

@@ -36,6 +36,30 @@ pub struct BrokerConfig {
     pub retention_check_interval_ms: u64,
     /// Defaults for every partition's log; topics may override segment and retention settings.
     pub log: LogSettings,
+    /// `host:port` of the Prometheus text endpoint (`GET /metrics`); "off" disables it. A port
+    /// that cannot be bound is logged as an error and the broker runs without metrics.
+    pub metrics_listen: String,
+    /// Session timeouts a group member may ask for (Kafka's group.min/max.session.timeout.ms).
+    pub group_min_session_timeout_ms: i32,
+    pub group_max_session_timeout_ms: i32,
+    /// How long the first rebalance of an empty group waits for more members to arrive.
+    pub group_initial_rebalance_delay_ms: u64,
+    /// Members one group may have.
+    pub group_max_size: usize,
+    /// How often session timeouts and rebalance deadlines are checked.
+    pub group_check_interval_ms: u64,
+    /// Longest metadata string stored with a committed offset (Kafka's offset.metadata.max.bytes).
+    pub offset_metadata_max_bytes: usize,
+    /// Compact the offsets log once it holds at least this many records...
+    pub offsets_compact_min_records: u64,
+    /// ...and this many times more records than live (group, topic, partition) keys.
+    pub offsets_compact_ratio: u64,
+    /// How often group lag and retention risk are computed (and warnings logged).
+    pub group_lag_check_interval_ms: u64,
+    /// Warn when a group's first unconsumed record is this far through its topic's retention window.
+    pub group_retention_warn_fraction: f64,
+    /// While a warning lasts, it is logged again this often.
+    pub group_retention_warn_repeat_ms: u64,
 }
 
 /// The log settings an operator may set in the broker file.
@@ -72,6 +96,18 @@ impl Default for BrokerConfig {
             fetch_max_wait_ms_cap: 30_000,
             retention_check_interval_ms: 30_000,
             log: LogSettings::default(),
+            metrics_listen: "127.0.0.1:9644".to_string(),
+            group_min_session_timeout_ms: 6_000,
+            group_max_session_timeout_ms: 1_800_000,
+            group_initial_rebalance_delay_ms: 0,
+            group_max_size: 1_000,
+            group_check_interval_ms: 100,
+            offset_metadata_max_bytes: 4096,
+            offsets_compact_min_records: 10_000,
+            offsets_compact_ratio: 4,
+            group_lag_check_interval_ms: 10_000,
+            group_retention_warn_fraction: 0.8,
+            group_retention_warn_repeat_ms: 300_000,
         }
     }
 }
@@ -161,7 +197,70 @@ impl BrokerConfig {
                 ));
             }
         }
+        self.validate_groups()?;
         split_host_port(&self.advertised()).map(|_| ())
+    }
+
+    /// The metrics address, or `None` when metrics are off.
+    pub fn metrics_address(&self) -> Result<Option<SocketAddr>, String> {
+        let value = self.metrics_listen.trim();
+        if value.is_empty() || value.eq_ignore_ascii_case("off") {
+            return Ok(None);
+        }
+        value.parse().map(Some).map_err(|_| {
+            format!("metrics_listen {value:?} is not host:port (an IP address) or \"off\"")
+        })
+    }
+
+    fn validate_groups(&self) -> Result<(), String> {
+        self.metrics_address()?;
+        if self.group_min_session_timeout_ms <= 0
+            || self.group_min_session_timeout_ms > self.group_max_session_timeout_ms
+        {
+            return Err(format!(
+                "group_min_session_timeout_ms ({}) must be > 0 and <= group_max_session_timeout_ms ({})",
+                self.group_min_session_timeout_ms, self.group_max_session_timeout_ms
+            ));
+        }
+        if self.group_max_size == 0 {
+            return Err("group_max_size must be at least 1".into());
+        }
+        if self.group_check_interval_ms == 0 || self.group_lag_check_interval_ms == 0 {
+            return Err(
+                "group_check_interval_ms and group_lag_check_interval_ms must be at least 1".into(),
+            );
+        }
+        if !(self.group_retention_warn_fraction > 0.0 && self.group_retention_warn_fraction <= 1.0)
+        {
+            return Err(format!(
+                "group_retention_warn_fraction must be in (0, 1], got {}",
+                self.group_retention_warn_fraction
+            ));
+        }
+        if self.offsets_compact_ratio < 2 {
+            return Err(format!(
+                "offsets_compact_ratio must be at least 2, got {}",
+                self.offsets_compact_ratio
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn group_config(&self) -> crate::groups::GroupConfig {
+        crate::groups::GroupConfig {
+            min_session_timeout_ms: self.group_min_session_timeout_ms,
+            max_session_timeout_ms: self.group_max_session_timeout_ms,
+            initial_rebalance_delay_ms: self.group_initial_rebalance_delay_ms,
+            max_size: self.group_max_size,
+            offset_metadata_max_bytes: self.offset_metadata_max_bytes,
+        }
+    }
+
+    pub fn offsets_store_config(&self) -> crate::groups::StoreConfig {
+        crate::groups::StoreConfig {
+            compact_min_records: self.offsets_compact_min_records,
+            compact_ratio: self.offsets_compact_ratio,
+        }
     }
 }
 

@@ -2,14 +2,17 @@
 //!
 //! `server` accepts connections, `connection` reads frames and keeps responses in
 //! request order, `handlers` answer one API each, `catalog` owns the topics and
-//! their partition logs (from `kiln-log`), `retention` ages data out.
+//! their partition logs (from `kiln-log`), `retention` ages data out, `groups` coordinates
+//! consumer groups and stores their committed offsets, `metrics` serves `GET /metrics`.
 
 mod catalog;
 pub mod config;
 mod connection;
 mod errors;
+pub mod groups;
 mod handlers;
 mod identity;
+mod metrics;
 mod retention;
 mod server;
 mod time;
@@ -17,4 +20,4 @@ pub mod topic_config;
 
 pub use catalog::{Catalog, CatalogError, Topic};
 pub use config::{BrokerConfig, LogSettings};
-pub use server::{Broker, BoundBroker};
+pub use server::{BoundBroker, Broker};

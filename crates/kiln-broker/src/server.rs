@@ -11,13 +11,16 @@ use tokio::sync::Semaphore;
 
 use crate::catalog::Catalog;
 use crate::config::{split_host_port, BrokerConfig};
+use crate::groups::{self, Coordinator};
 use crate::identity::{self, DataDirLock, Identity};
-use crate::{connection, retention};
+use crate::{connection, metrics, retention};
 
 /// State shared by every connection.
 pub struct Broker {
     pub config: BrokerConfig,
     pub catalog: Catalog,
+    /// Consumer groups and their committed offsets.
+    pub groups: Coordinator,
     pub identity: Identity,
     pub advertised_host: String,
     pub advertised_port: i32,
@@ -28,21 +31,36 @@ pub struct Broker {
 pub struct BoundBroker {
     broker: Arc<Broker>,
     listener: TcpListener,
+    /// The metrics endpoint's socket; `None` when metrics are off or the port was taken.
+    metrics_listener: Option<TcpListener>,
 }
 
 impl Broker {
     /// Locks the data directory, recovers every partition and binds the listener.
     pub async fn bind(config: BrokerConfig) -> anyhow::Result<BoundBroker> {
-        config.validate().map_err(anyhow::Error::msg).context("invalid broker configuration")?;
+        config
+            .validate()
+            .map_err(anyhow::Error::msg)
+            .context("invalid broker configuration")?;
         let lock = identity::lock_data_dir(&config.data_dir)?;
         let identity = identity::load_or_create(&config.data_dir, config.node_id)?;
         let data_dir = config.data_dir.clone();
         let log_defaults = config.log.clone();
         let max_batch_bytes = config.max_batch_bytes;
-        let catalog = tokio::task::spawn_blocking(move || Catalog::open(&data_dir, log_defaults, max_batch_bytes))
-            .await
-            .context("catalog recovery task")?
-            .context("opening the topic catalog")?;
+        let catalog = tokio::task::spawn_blocking(move || {
+            Catalog::open(&data_dir, log_defaults, max_batch_bytes)
+        })
+        .await
+        .context("catalog recovery task")?
+        .context("opening the topic catalog")?;
+        let data_dir = config.data_dir.clone();
+        let (group_config, store_config) = (config.group_config(), config.offsets_store_config());
+        let groups = tokio::task::spawn_blocking(move || {
+            groups::open(&data_dir, group_config, store_config)
+        })
+        .await
+        .context("offsets store recovery task")?
+        .context("opening the committed-offsets store")?;
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
@@ -52,16 +70,33 @@ impl Broker {
             Some(a) => a.clone(),
             None => local.to_string(),
         };
-        let (advertised_host, advertised_port) = split_host_port(&advertised).map_err(anyhow::Error::msg)?;
+        let (advertised_host, advertised_port) =
+            split_host_port(&advertised).map_err(anyhow::Error::msg)?;
+        let metrics_listener = match config.metrics_address().map_err(anyhow::Error::msg)? {
+            None => None,
+            // Metrics are for operators; a taken port must not stop the broker from serving.
+            Some(address) => match TcpListener::bind(address).await {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    tracing::error!(%address, error = %e, "cannot bind the metrics endpoint; running without /metrics");
+                    None
+                }
+            },
+        };
         let broker = Arc::new(Broker {
             config,
             catalog,
+            groups,
             identity,
             advertised_host,
             advertised_port,
             _lock: lock,
         });
-        Ok(BoundBroker { broker, listener })
+        Ok(BoundBroker {
+            broker,
+            listener,
+            metrics_listener,
+        })
     }
 }
 
@@ -74,9 +109,20 @@ impl BoundBroker {
         self.broker.clone()
     }
 
+    /// Where `GET /metrics` is served, if anywhere.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+    }
+
     /// Serves until `shutdown` resolves, then closes every partition cleanly.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-        let Self { broker, listener } = self;
+        let Self {
+            broker,
+            listener,
+            metrics_listener,
+        } = self;
         tracing::info!(
             address = %listener.local_addr()?,
             node_id = broker.config.node_id,
@@ -89,6 +135,18 @@ impl BoundBroker {
             broker.clone(),
             Duration::from_millis(broker.config.retention_check_interval_ms.max(1)),
         ));
+        let group_timers = tokio::spawn(groups::run_timers(
+            broker.clone(),
+            Duration::from_millis(broker.config.group_check_interval_ms.max(1)),
+        ));
+        let lag_alerts = tokio::spawn(groups::lag::run_alerts(
+            broker.clone(),
+            Duration::from_millis(broker.config.group_lag_check_interval_ms.max(1)),
+            broker.config.group_retention_warn_fraction,
+            Duration::from_millis(broker.config.group_retention_warn_repeat_ms.max(1)),
+        ));
+        let metrics_task =
+            metrics_listener.map(|l| tokio::spawn(metrics::serve(l, broker.clone())));
         let permits = Arc::new(Semaphore::new(broker.config.max_connections));
         tokio::pin!(shutdown);
         loop {
@@ -117,10 +175,18 @@ impl BoundBroker {
         }
         tracing::info!("shutting down");
         retention_task.abort();
+        group_timers.abort();
+        lag_alerts.abort();
+        if let Some(t) = metrics_task {
+            t.abort();
+        }
         let closing = broker.clone();
-        tokio::task::spawn_blocking(move || closing.catalog.close_all())
-            .await
-            .context("closing partitions")?;
+        tokio::task::spawn_blocking(move || {
+            closing.groups.store().close();
+            closing.catalog.close_all()
+        })
+        .await
+        .context("closing partitions")?;
         Ok(())
     }
 }

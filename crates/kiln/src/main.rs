@@ -1,6 +1,7 @@
 //! `kiln`: one binary, one subcommand per service or tool.
 
 mod broker_cmd;
+mod groups_cmd;
 mod settings;
 mod topics_cmd;
 
@@ -9,7 +10,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "kiln", version, about = "Kiln: GPU burn-in orchestration on its own replicated log")]
+#[command(
+    name = "kiln",
+    version,
+    about = "Kiln: GPU burn-in orchestration on its own replicated log"
+)]
 struct Cli {
     /// Log filter (tracing EnvFilter syntax); RUST_LOG is used when this is not given.
     #[arg(long, global = true, env = "KILN_LOG_LEVEL")]
@@ -24,12 +29,17 @@ enum Command {
     Broker(broker_cmd::BrokerArgs),
     /// Create, list, describe and delete topics.
     Topics(topics_cmd::TopicsArgs),
+    /// Consumer groups: list, describe (members, lag), reset offsets, delete.
+    Groups(groups_cmd::GroupsArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log.as_deref());
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -40,6 +50,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Broker(args) => broker_cmd::run(args).await,
             Command::Topics(args) => topics_cmd::run(args).await,
+            Command::Groups(args) => groups_cmd::run(args).await,
         }
     });
     match result {

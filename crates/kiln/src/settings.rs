@@ -139,6 +139,22 @@ mod tests {
         assert!(err.contains("lisen"), "{err}");
     }
 
+    /// The shipped example must stay loadable and equal to the built-in defaults.
+    #[test]
+    fn example_file_matches_defaults() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../deploy/broker.example.toml");
+        let args = BrokerArgs {
+            config: Some(path),
+            ..Default::default()
+        };
+        let from_file = broker_config_from(&args, env(&[])).unwrap();
+        assert_eq!(
+            serde_json::to_value(&from_file).unwrap(),
+            serde_json::to_value(BrokerConfig::default()).unwrap()
+        );
+    }
+
     #[test]
     fn missing_file_is_an_error() {
         let args = BrokerArgs {

@@ -5,8 +5,10 @@
 pub mod admin;
 pub mod api_versions;
 pub mod fetch;
+pub mod groups;
 pub mod list_offsets;
 pub mod metadata;
+pub mod offsets;
 pub mod produce;
 
 use std::future::Future;
@@ -33,13 +35,43 @@ pub enum Reply {
 pub fn dispatch(broker: &Arc<Broker>, request: DecodedRequest) -> Reply {
     let version = request.header.request_api_version;
     match request.body {
-        RequestKind::ApiVersions(_) => Reply::Now(Box::new(ResponseKind::ApiVersions(api_versions::response(0)))),
-        RequestKind::Metadata(req) => Reply::Now(Box::new(ResponseKind::Metadata(metadata::handle(broker, req)))),
+        RequestKind::ApiVersions(_) => Reply::Now(Box::new(ResponseKind::ApiVersions(
+            api_versions::response(0),
+        ))),
+        RequestKind::Metadata(req) => Reply::Now(Box::new(ResponseKind::Metadata(
+            metadata::handle(broker, req),
+        ))),
         RequestKind::Produce(req) => produce::handle(broker, req),
         RequestKind::Fetch(req) => fetch::handle(broker, req),
-        RequestKind::ListOffsets(req) => Reply::Now(Box::new(ResponseKind::ListOffsets(list_offsets::handle(broker, req)))),
+        RequestKind::ListOffsets(req) => Reply::Now(Box::new(ResponseKind::ListOffsets(
+            list_offsets::handle(broker, req),
+        ))),
         RequestKind::CreateTopics(req) => admin::create_topics(broker, req, version),
         RequestKind::DeleteTopics(req) => admin::delete_topics(broker, req),
+        RequestKind::FindCoordinator(req) => Reply::Now(Box::new(ResponseKind::FindCoordinator(
+            groups::find_coordinator(broker, req, version),
+        ))),
+        RequestKind::JoinGroup(req) => {
+            groups::join_group(broker, req, version, request.header.client_id.as_ref())
+        }
+        RequestKind::SyncGroup(req) => groups::sync_group(broker, req, version),
+        RequestKind::Heartbeat(req) => Reply::Now(Box::new(ResponseKind::Heartbeat(
+            groups::heartbeat(broker, req),
+        ))),
+        RequestKind::LeaveGroup(req) => Reply::Now(Box::new(ResponseKind::LeaveGroup(
+            groups::leave_group(broker, req, version),
+        ))),
+        RequestKind::OffsetCommit(req) => offsets::offset_commit(broker, req),
+        RequestKind::OffsetFetch(req) => Reply::Now(Box::new(ResponseKind::OffsetFetch(
+            offsets::offset_fetch(broker, req, version),
+        ))),
+        RequestKind::ListGroups(req) => Reply::Now(Box::new(ResponseKind::ListGroups(
+            groups::list_groups(broker, req, version),
+        ))),
+        RequestKind::DescribeGroups(req) => Reply::Now(Box::new(ResponseKind::DescribeGroups(
+            groups::describe_groups(broker, req, version),
+        ))),
+        RequestKind::DeleteGroups(req) => groups::delete_groups(broker, req),
         // decode_request admits only the APIs in kiln_wire::SUPPORTED_APIS, all matched above.
         _ => Reply::Close("request type has no handler"),
     }
