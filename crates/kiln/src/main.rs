@@ -2,6 +2,7 @@
 
 mod broker_cmd;
 mod groups_cmd;
+mod intake_cmd;
 mod settings;
 mod topics_cmd;
 
@@ -31,6 +32,8 @@ enum Command {
     Topics(topics_cmd::TopicsArgs),
     /// Consumer groups: list, describe (members, lag), reset offsets, delete.
     Groups(groups_cmd::GroupsArgs),
+    /// Register rack manifests: validate, queue each node on kiln.nodes, record it.
+    Intake(intake_cmd::IntakeArgs),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +54,7 @@ fn main() -> ExitCode {
             Command::Broker(args) => broker_cmd::run(args).await,
             Command::Topics(args) => topics_cmd::run(args).await,
             Command::Groups(args) => groups_cmd::run(args).await,
+            Command::Intake(args) => intake_cmd::run(args).await,
         }
     });
     match result {

@@ -1,0 +1,415 @@
+//! The node queue: the `kiln.nodes` message schema and a thin producer over librdkafka
+//! (the `rdkafka` crate), so intake and the agents work against Kiln's broker, Apache Kafka or
+//! Redpanda alike.
+//!
+//! Producer settings and why:
+//! - `acks=all`: a node is registered only once the broker has it durably.
+//! - `enable.idempotence=false`: Kiln's broker does not implement InitProducerId yet. Without
+//!   idempotence a retried batch can be written twice; the consumers tolerate that because
+//!   every message carries (hostname, cycle, attempt) and the store keeps that unique.
+//! - `max.in.flight.requests.per.connection=1`: without idempotence, more than one request in
+//!   flight lets a retry overtake a later batch; one in flight keeps each rack's nodes in
+//!   manifest order in their partition.
+//! - `partitioner=murmur2_random`: the Java client's partitioner, so a rack's key maps to the
+//!   same partition whichever Kafka client produces it (librdkafka's default is CRC32-based).
+
+use std::time::Duration;
+
+use kiln_manifest::NodeSpec;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::util::Timeout;
+use serde::{Deserialize, Serialize};
+
+pub use rdkafka;
+
+/// The topic intake produces to and agents consume.
+pub const NODES_TOPIC: &str = "kiln.nodes";
+/// The version of [`NodeMessage`] this code writes and reads.
+pub const SCHEMA_VERSION: u32 = 1;
+/// Attempts a node gets in one burn-in cycle before it is dead-lettered.
+pub const MAX_ATTEMPTS: u32 = 10;
+
+/// One message on `kiln.nodes`: "burn in this node". Key: the node's rack (UTF-8), so a rack's
+/// nodes share a partition and keep their order. Value: this struct as JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeMessage {
+    /// Schema version; always [`SCHEMA_VERSION`] when written by this code.
+    pub v: u32,
+    /// Identity (hostname, rack) and everything the manifest said about the node.
+    pub node: NodeSpec,
+    /// Which registration of this node (1 for the first; re-registering a node that passed
+    /// or was dead-lettered starts the next cycle).
+    pub cycle: u32,
+    /// Attempt within the cycle, from 1 to [`MAX_ATTEMPTS`].
+    pub attempt: u32,
+    /// Unix time in ms before which no agent should start this attempt (back-off).
+    pub not_before_ms: i64,
+    /// Unix time in ms when this message was produced.
+    pub enqueued_at_ms: i64,
+}
+
+impl NodeMessage {
+    /// The first attempt of a cycle, runnable at once.
+    pub fn first(node: NodeSpec, cycle: u32, now_ms: i64) -> Self {
+        NodeMessage {
+            v: SCHEMA_VERSION,
+            node,
+            cycle,
+            attempt: 1,
+            not_before_ms: now_ms,
+            enqueued_at_ms: now_ms,
+        }
+    }
+
+    pub fn key(&self) -> &str {
+        &self.node.rack
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        match serde_json::to_vec(self) {
+            Ok(v) => v,
+            // Plain structs of strings and integers always serialise.
+            Err(e) => unreachable!("NodeMessage serialisation failed: {e}"),
+        }
+    }
+
+    /// Decodes a message value, refusing unknown versions before looking at the rest.
+    pub fn decode(bytes: &[u8]) -> Result<NodeMessage, DecodeError> {
+        #[derive(Deserialize)]
+        struct Version {
+            v: Option<u32>,
+        }
+        let version: Version =
+            serde_json::from_slice(bytes).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+        match version.v {
+            Some(SCHEMA_VERSION) => {}
+            Some(v) => return Err(DecodeError::UnsupportedVersion(v)),
+            None => {
+                return Err(DecodeError::Malformed(
+                    "no \"v\" (schema version) field".into(),
+                ))
+            }
+        }
+        let msg: NodeMessage =
+            serde_json::from_slice(bytes).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+        if msg.attempt == 0 || msg.cycle == 0 {
+            return Err(DecodeError::Malformed(
+                "cycle and attempt start at 1".into(),
+            ));
+        }
+        Ok(msg)
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error(
+        "node message schema version {0} is not supported (this build reads v{SCHEMA_VERSION})"
+    )]
+    UnsupportedVersion(u32),
+    #[error("malformed node message: {0}")]
+    Malformed(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("invalid Kafka client configuration: {0}")]
+    Config(String),
+    #[error("cannot reach the Kafka cluster at {bootstrap}: {reason}")]
+    Unreachable { bootstrap: String, reason: String },
+    #[error(
+        "topic {topic} does not exist on {bootstrap}; create it, e.g. \
+         `kiln topics create {topic} --partitions 6`"
+    )]
+    NoSuchTopic { topic: String, bootstrap: String },
+    #[error("produce to {topic} failed: {reason}")]
+    Produce { topic: String, reason: String },
+}
+
+/// Producer settings. `extra` entries are passed to librdkafka as they are (after the
+/// defaults, so they override them), e.g. `security.protocol=sasl_plaintext` for a real cluster.
+#[derive(Debug, Clone)]
+pub struct ProducerConfig {
+    pub bootstrap: String,
+    pub topic: String,
+    /// How long librdkafka keeps trying to deliver one message.
+    pub message_timeout_ms: u32,
+    pub client_id: String,
+    pub extra: Vec<(String, String)>,
+}
+
+impl ProducerConfig {
+    pub fn new(bootstrap: impl Into<String>) -> Self {
+        ProducerConfig {
+            bootstrap: bootstrap.into(),
+            topic: NODES_TOPIC.to_string(),
+            message_timeout_ms: 30_000,
+            client_id: "kiln-intake".into(),
+            extra: Vec::new(),
+        }
+    }
+}
+
+/// Where a message landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delivery {
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// A producer of [`NodeMessage`]s to one topic.
+#[derive(Clone)]
+pub struct NodeProducer {
+    inner: FutureProducer,
+    config: ProducerConfig,
+}
+
+/// How long to wait for free space in librdkafka's local queue before giving up on a message.
+const QUEUE_FULL_WAIT: Duration = Duration::from_secs(30);
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl NodeProducer {
+    pub fn new(config: ProducerConfig) -> Result<Self, QueueError> {
+        let mut cc = ClientConfig::new();
+        cc.set("bootstrap.servers", &config.bootstrap)
+            .set("client.id", &config.client_id)
+            .set("acks", "all")
+            .set("enable.idempotence", "false")
+            .set("max.in.flight.requests.per.connection", "1")
+            .set("partitioner", "murmur2_random")
+            .set("linger.ms", "5")
+            .set("queue.buffering.max.messages", "200000")
+            .set("message.timeout.ms", config.message_timeout_ms.to_string());
+        for (k, v) in &config.extra {
+            cc.set(k, v);
+        }
+        let inner: FutureProducer = cc.create().map_err(|e| QueueError::Config(e.to_string()))?;
+        Ok(NodeProducer { inner, config })
+    }
+
+    pub fn config(&self) -> &ProducerConfig {
+        &self.config
+    }
+
+    /// Checks the cluster answers and the topic exists; returns its partition count.
+    pub async fn check_topic(&self) -> Result<usize, QueueError> {
+        let producer = self.inner.clone();
+        let topic = self.config.topic.clone();
+        let bootstrap = self.config.bootstrap.clone();
+        let metadata = tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(Some(&topic), Timeout::After(METADATA_TIMEOUT))
+        })
+        .await
+        .map_err(|e| QueueError::Unreachable {
+            bootstrap: bootstrap.clone(),
+            reason: e.to_string(),
+        })?
+        .map_err(|e| QueueError::Unreachable {
+            bootstrap: bootstrap.clone(),
+            reason: e.to_string(),
+        })?;
+        let no_topic = || QueueError::NoSuchTopic {
+            topic: self.config.topic.clone(),
+            bootstrap: bootstrap.clone(),
+        };
+        let Some(t) = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == self.config.topic)
+        else {
+            return Err(no_topic());
+        };
+        if t.error().is_some() || t.partitions().is_empty() {
+            return Err(no_topic());
+        }
+        Ok(t.partitions().len())
+    }
+
+    /// Produces every message in order and waits for every delivery report. Result `i` is
+    /// message `i`'s. `delivered` is called with the number of reports received so far.
+    pub async fn send_all(
+        &self,
+        messages: &[NodeMessage],
+        mut delivered: impl FnMut(usize),
+    ) -> Vec<Result<Delivery, QueueError>> {
+        let topic = self.config.topic.as_str();
+        let mut pending = Vec::with_capacity(messages.len());
+        for msg in messages {
+            let payload = msg.encode();
+            pending.push(self.enqueue(topic, msg.key(), &payload).await);
+        }
+        let mut results = Vec::with_capacity(messages.len());
+        for (i, p) in pending.into_iter().enumerate() {
+            let result = match p {
+                Err(e) => Err(e),
+                Ok(future) => match future.await {
+                    Ok(Ok(d)) => Ok(Delivery {
+                        partition: d.partition,
+                        offset: d.offset,
+                    }),
+                    Ok(Err((e, _))) => Err(self.produce_error(e.to_string())),
+                    Err(_cancelled) => {
+                        Err(self.produce_error("the producer was dropped before delivery".into()))
+                    }
+                },
+            };
+            results.push(result);
+            delivered(i + 1);
+        }
+        results
+    }
+
+    async fn enqueue(
+        &self,
+        topic: &str,
+        key: &str,
+        payload: &[u8],
+    ) -> Result<rdkafka::producer::DeliveryFuture, QueueError> {
+        let deadline = tokio::time::Instant::now() + QUEUE_FULL_WAIT;
+        loop {
+            let record = FutureRecord::to(topic).key(key).payload(payload);
+            match self.inner.send_result(record) {
+                Ok(future) => return Ok(future),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _))
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err((e, _)) => return Err(self.produce_error(e.to_string())),
+            }
+        }
+    }
+
+    fn produce_error(&self, reason: String) -> QueueError {
+        QueueError::Produce {
+            topic: self.config.topic.clone(),
+            reason,
+        }
+    }
+
+    /// Waits until everything queued locally has been sent (or `timeout` passes).
+    pub fn flush(&self, timeout: Duration) -> Result<(), QueueError> {
+        self.inner
+            .flush(Timeout::After(timeout))
+            .map_err(|e| self.produce_error(e.to_string()))
+    }
+}
+
+/// Creates `topic` with `partitions` partitions (and `replication` replicas) unless it exists.
+/// For tests, benchmarks and first-time setup; production topics are created by operators.
+pub async fn create_topic(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    replication: i32,
+) -> Result<(), QueueError> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .map_err(|e| QueueError::Config(e.to_string()))?;
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
+    let opts = AdminOptions::new().operation_timeout(Some(METADATA_TIMEOUT));
+    let results =
+        admin
+            .create_topics([&new], &opts)
+            .await
+            .map_err(|e| QueueError::Unreachable {
+                bootstrap: bootstrap.to_string(),
+                reason: e.to_string(),
+            })?;
+    for r in results {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((name, code)) => {
+                return Err(QueueError::Produce {
+                    topic: name,
+                    reason: format!("create topic: {code}"),
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Unix time now in milliseconds.
+pub fn now_ms() -> i64 {
+    match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+        Err(_) => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> NodeSpec {
+        NodeSpec {
+            hostname: "gpu-a-01".into(),
+            rack: "a".into(),
+            bmc_address: "10.0.0.1".into(),
+            gpu_model: "H100".into(),
+            gpu_count: 8,
+            firmware_bmc: "1".into(),
+            firmware_bios: "2".into(),
+            firmware_gpu_vbios: "3".into(),
+            firmware_nic: "4".into(),
+            labels: [("row".to_string(), "3".to_string())].into(),
+        }
+    }
+
+    #[test]
+    fn message_round_trips_and_is_versioned() {
+        let m = NodeMessage::first(spec(), 2, 1_700_000_000_000);
+        let bytes = m.encode();
+        let json: serde_json::Value = serde_json::from_slice(&bytes).expect("json");
+        assert_eq!(json["v"], 1);
+        assert_eq!(json["node"]["hostname"], "gpu-a-01");
+        assert_eq!(json["attempt"], 1);
+        assert_eq!(json["cycle"], 2);
+        assert_eq!(NodeMessage::decode(&bytes), Ok(m.clone()));
+        assert_eq!(m.key(), "a");
+    }
+
+    #[test]
+    fn decode_refuses_other_versions_and_garbage() {
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&NodeMessage::first(spec(), 1, 0).encode()).expect("json");
+        json["v"] = 2.into();
+        let bytes = serde_json::to_vec(&json).expect("json");
+        assert_eq!(
+            NodeMessage::decode(&bytes),
+            Err(DecodeError::UnsupportedVersion(2))
+        );
+        // A v2 message may carry fields v1 does not know: the version is checked first.
+        json["new_field"] = true.into();
+        let bytes = serde_json::to_vec(&json).expect("json");
+        assert_eq!(
+            NodeMessage::decode(&bytes),
+            Err(DecodeError::UnsupportedVersion(2))
+        );
+        assert!(matches!(
+            NodeMessage::decode(b"not json"),
+            Err(DecodeError::Malformed(_))
+        ));
+        assert!(matches!(
+            NodeMessage::decode(b"{}"),
+            Err(DecodeError::Malformed(_))
+        ));
+        json["v"] = 1.into();
+        json["attempt"] = 0.into();
+        json.as_object_mut().map(|o| o.remove("new_field"));
+        let bytes = serde_json::to_vec(&json).expect("json");
+        assert!(matches!(
+            NodeMessage::decode(&bytes),
+            Err(DecodeError::Malformed(_))
+        ));
+    }
+}
