@@ -115,6 +115,12 @@ def run_kafka_python(a) -> None:
             emit("ASSIGNED", ",".join(str(p.partition) for p in sorted(assigned, key=lambda p: p.partition)) or "-")
 
     c.subscribe([a.topic], listener=Listener())
+    # Know the topic's partitions before the first poll() joins the group: otherwise a
+    # kafka-python 3.0.12 leader can make an empty first assignment and then stall for good in
+    # the rejoin that follows (see kp_subscribe in test_groups_kafka_python.py).
+    deadline = time.monotonic() + 30
+    while not c.partitions_for_topic(a.topic) and time.monotonic() < deadline:
+        time.sleep(0.05)
     emit("READY")
     pending = {}
     processed_since_commit = 0

@@ -3,6 +3,7 @@
 mod broker_cmd;
 mod groups_cmd;
 mod intake_cmd;
+mod probe_cmd;
 mod settings;
 mod topics_cmd;
 
@@ -34,11 +35,17 @@ enum Command {
     Groups(groups_cmd::GroupsArgs),
     /// Register rack manifests: validate, queue each node on kiln.nodes, record it.
     Intake(intake_cmd::IntakeArgs),
+    /// On a GPU node: read NVML and the kernel log, print one JSON document.
+    Probe(probe_cmd::ProbeArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log.as_deref());
+    // The probe is synchronous and prints its own exit code; no runtime needed.
+    if let Command::Probe(args) = &cli.command {
+        return probe_cmd::run(args);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -55,6 +62,7 @@ fn main() -> ExitCode {
             Command::Topics(args) => topics_cmd::run(args).await,
             Command::Groups(args) => groups_cmd::run(args).await,
             Command::Intake(args) => intake_cmd::run(args).await,
+            Command::Probe(_) => unreachable_probe(),
         }
     });
     match result {
@@ -79,4 +87,9 @@ fn init_logging(filter: Option<&str>) {
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
+}
+
+/// `kiln probe` returns before the runtime starts (see `main`).
+fn unreachable_probe() -> anyhow::Result<()> {
+    anyhow::bail!("kiln probe runs without the async runtime")
 }

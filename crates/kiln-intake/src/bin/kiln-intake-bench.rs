@@ -1,7 +1,7 @@
 //! kiln-intake-bench: intake of a generated N-node manifest (default 10,000) against a real
 //! `kiln broker` process (spawned on a scratch directory) and a SQLite store file. Prints the
 //! seconds spent validating, looking up, queueing (acks=all, every delivery report awaited)
-//! and recording, and the total. Target (issue 5): under 5 s for 10,000 nodes.
+//! and recording, and the total. Target: under 5 s for 10,000 nodes.
 //! `--database-url postgres://...` measures against PostgreSQL instead (use an empty database).
 //!
 //!   cargo build --release -p kiln -p kiln-intake

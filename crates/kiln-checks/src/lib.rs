@@ -1,0 +1,36 @@
+//! Hardware checks and playbooks for Kiln's burn-in.
+//!
+//! - `check`: the interface every check implements (`Check`, `CheckContext`, `CheckResult`,
+//!   `Verdict`) and `run_check`, which enforces deadlines.
+//! - `playbook`: YAML playbooks (which checks, in what order, with which thresholds) and
+//!   their loader, which names the line and field of every problem.
+//! - `probe`, `xid`, `nvml`: the `kiln probe` document (NVML readings + kernel-log Xids).
+//! - `gpu`, `nic`, `stress`, `redfish`: the checks.
+//! - `shell`, `ssh`: how checks run commands on a node (`NodeShell`; SSH for agents);
+//!   `scripted`: a check for tests.
+//!
+//! See docs/checks.md.
+
+pub mod check;
+pub mod gpu;
+pub mod nic;
+#[cfg(feature = "nvml")]
+pub mod nvml;
+pub mod playbook;
+pub mod probe;
+pub mod redfish;
+pub mod scripted;
+pub mod shell;
+pub mod ssh;
+pub mod stress;
+pub mod xid;
+mod yaml;
+
+pub use check::{
+    run_check, Check, CheckContext, CheckFuture, CheckResult, FirmwareBaseline, NodeTarget, Verdict,
+};
+pub use playbook::{Playbook, PlaybookError, PlaybookRun};
+pub use probe::{run_probe, GpuSource, ProbeReport, RecordedGpus};
+pub use scripted::{Outcome, ScriptedCheck};
+pub use shell::{CommandOutput, LocalShell, NodeShell, RecordedShell, ShellError};
+pub use yaml::LoadError;
