@@ -75,3 +75,24 @@ def test_fetch_unknown_topic_or_partition(broker):
         assert err == kr.UNKNOWN_TOPIC_OR_PARTITION, err
         # The connection still works after per-partition errors.
         assert kr.api_versions_v0(c)[0] == 0
+
+
+def test_auto_create_topics_when_enabled(make_broker):
+    """`--auto-create-topics`: a produce to a new topic creates it with default_partitions (1)
+    and the record reads back; the flag is off by default (test_librdkafka covers that)."""
+    import subprocess
+
+    b = make_broker(auto_create_topics=True)
+    produced = subprocess.run(
+        ["kcat", "-b", b.addr, "-P", "-t", "made-on-demand", "-K:"],
+        input=b"k:v\n", capture_output=True, timeout=30,
+    )
+    assert produced.returncode == 0, produced.stderr.decode()
+    consumed = subprocess.run(
+        ["kcat", "-b", b.addr, "-C", "-t", "made-on-demand", "-o", "beginning", "-e", "-f", "%p %k:%s\n"],
+        capture_output=True, timeout=30,
+    )
+    assert consumed.returncode == 0, consumed.stderr.decode()
+    assert consumed.stdout.decode().split("\n")[0] == "0 k:v"
+    listed = subprocess.run([b.bin, "topics", "list", "--bootstrap", b.addr], capture_output=True, timeout=30)
+    assert "made-on-demand\t1 partition(s)" in listed.stdout.decode()

@@ -38,6 +38,22 @@ pub fn dispatch(broker: &Arc<Broker>, request: DecodedRequest) -> Reply {
         RequestKind::ApiVersions(_) => Reply::Now(Box::new(ResponseKind::ApiVersions(
             api_versions::response(0),
         ))),
+        // With auto-create on, a Metadata request may create topics (file-system work): keep
+        // that off the async workers, as CreateTopics does.
+        RequestKind::Metadata(req) if broker.config.auto_create_topics => {
+            let broker = broker.clone();
+            Reply::Later(Box::pin(async move {
+                let handled =
+                    tokio::task::spawn_blocking(move || metadata::handle(&broker, req)).await;
+                match handled {
+                    Ok(response) => ResponseKind::Metadata(response),
+                    Err(e) => {
+                        tracing::error!(error = %e, "metadata task failed");
+                        ResponseKind::Metadata(Default::default())
+                    }
+                }
+            }))
+        }
         RequestKind::Metadata(req) => Reply::Now(Box::new(ResponseKind::Metadata(
             metadata::handle(broker, req),
         ))),
