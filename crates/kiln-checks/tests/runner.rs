@@ -168,3 +168,32 @@ async fn checks_without_a_shell_or_bmc_report_error() {
         run.results[1].message
     );
 }
+
+#[test]
+fn scripted_hosts_and_percent_limit_the_outcome() {
+    let p = Playbook::parse(
+        "playbook: fleet\nchecks:\n\
+         - check: scripted\n  name: bad\n  outcome: fail\n  hosts: [n1, n2]\n\
+         - check: scripted\n  name: flaky\n  outcome: fail\n  percent: 50\n\
+         - check: scripted\n  name: never\n  outcome: fail\n  percent: 0\n",
+    )
+    .expect("parse");
+    let kiln_checks::playbook::Spec::Scripted(bad) = &p.steps[0].spec else {
+        panic!("scripted")
+    };
+    assert!(bad.applies_to("n1") && bad.applies_to("n2") && !bad.applies_to("n3"));
+    let kiln_checks::playbook::Spec::Scripted(flaky) = &p.steps[1].spec else {
+        panic!("scripted")
+    };
+    let hits = (0..400).filter(|_| flaky.applies_to("n3")).count();
+    assert!((100..=300).contains(&hits), "50% came up {hits}/400");
+    let kiln_checks::playbook::Spec::Scripted(never) = &p.steps[2].spec else {
+        panic!("scripted")
+    };
+    assert!((0..100).all(|_| !never.applies_to("n1")));
+    let err = Playbook::parse(
+        "playbook: x\nchecks:\n- check: scripted\n  outcome: fail\n  percent: 101\n",
+    )
+    .expect_err("percent over 100");
+    assert!(err.to_string().contains("percent"), "{err}");
+}

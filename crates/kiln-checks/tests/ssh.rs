@@ -302,7 +302,9 @@ async fn a_dropped_check_kills_its_remote_command() {
         tokio::time::Instant::now() + Duration::from_secs(60),
     )
     .with_shell(Arc::new(sshd.shell()));
-    let check = Patient(format!("sleep 2.5; touch {}", marker.display()));
+    // The kill travels over a fresh SSH exchange after the drop; on a loaded machine that can
+    // take a few seconds, so the command sleeps long enough to tell "killed" from "slow kill".
+    let check = Patient(format!("sleep 6; touch {}", marker.display()));
     // run_check drops the check's future at the step timeout, mid-command.
     let r = run_check(&check, &ctx, Some(Duration::from_millis(500))).await;
     assert_eq!(r.verdict, Verdict::Error);
@@ -312,7 +314,7 @@ async fn a_dropped_check_kills_its_remote_command() {
         "{}",
         r.message
     );
-    tokio::time::sleep(Duration::from_millis(3000)).await;
+    tokio::time::sleep(Duration::from_millis(6500)).await;
     assert!(
         !marker.exists(),
         "the remote command outlived the dropped check"

@@ -1,8 +1,10 @@
 //! `kiln`: one binary, one subcommand per service or tool.
 
+mod agent_cmd;
 mod broker_cmd;
 mod groups_cmd;
 mod intake_cmd;
+mod nodes_cmd;
 mod probe_cmd;
 mod settings;
 mod topics_cmd;
@@ -35,6 +37,12 @@ enum Command {
     Groups(groups_cmd::GroupsArgs),
     /// Register rack manifests: validate, queue each node on kiln.nodes, record it.
     Intake(intake_cmd::IntakeArgs),
+    /// Run a burn-in agent: consume kiln.nodes in group burnin, run the playbook, record, commit.
+    Agent(agent_cmd::AgentArgs),
+    /// Burn-in nodes in the store: show one's state, runs and events.
+    Nodes(nodes_cmd::NodesArgs),
+    /// Dead-lettered nodes: requeue one (after repair) as its next cycle.
+    Dlq(nodes_cmd::DlqArgs),
     /// On a GPU node: read NVML and the kernel log, print one JSON document.
     Probe(probe_cmd::ProbeArgs),
 }
@@ -62,6 +70,9 @@ fn main() -> ExitCode {
             Command::Topics(args) => topics_cmd::run(args).await,
             Command::Groups(args) => groups_cmd::run(args).await,
             Command::Intake(args) => intake_cmd::run(args).await,
+            Command::Agent(args) => agent_cmd::run(args).await,
+            Command::Nodes(args) => nodes_cmd::run_nodes(args).await,
+            Command::Dlq(args) => nodes_cmd::run_dlq(args).await,
             Command::Probe(_) => unreachable_probe(),
         }
     });

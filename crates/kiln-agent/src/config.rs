@@ -1,0 +1,158 @@
+//! Agent settings: a TOML file (`kiln agent --config FILE`), then `KILN_AGENT__*` environment
+//! variables (`KILN_AGENT__AGENT_ID=bastion-3`).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use config::{Config, Environment, File, FileFormat};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// Kafka bootstrap servers.
+    pub bootstrap: String,
+    /// The results store (`sqlite://PATH` or `postgres://...`).
+    pub database_url: String,
+    /// This agent's name in the store's runs (default: `agent-<pid>`).
+    pub agent_id: String,
+    /// The playbook every node runs.
+    pub playbook: PathBuf,
+    /// Consumer group (`burnin`).
+    pub group: String,
+    /// Topic of nodes to burn in (`kiln.nodes`).
+    pub topic: String,
+    /// Topic of dead-lettered nodes (`kiln.nodes.dlq`).
+    pub dlq_topic: String,
+    /// Nodes of one partition worked on at once; later ones wait in a bounded local queue.
+    /// A node waiting out its back-off holds one of these slots.
+    pub max_in_flight_per_partition: usize,
+    /// Back-off before attempt n+1: `retry_backoff_ms * 2^(n-1)`, at most `retry_backoff_max_ms`.
+    pub retry_backoff_ms: u64,
+    pub retry_backoff_max_ms: u64,
+    /// Failed attempts after which a node is dead-lettered. The store's state machine decides
+    /// (`kiln_store::MAX_ATTEMPTS`, 10); any other value is refused rather than ignored.
+    pub max_attempts: u32,
+    /// Timeout of each store operation and each produce, ms.
+    pub step_timeout_ms: u64,
+    /// Extra time over the playbook's own `timeout_s` before a run is abandoned, ms.
+    pub run_grace_ms: u64,
+    /// Consumer session timeout, ms.
+    pub session_timeout_ms: u64,
+    /// Extra librdkafka settings for consumer and producer (e.g. `security.protocol`).
+    pub kafka: std::collections::BTreeMap<String, String>,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            bootstrap: "127.0.0.1:9092".into(),
+            database_url: "sqlite://kiln.db".into(),
+            agent_id: format!("agent-{}", std::process::id()),
+            playbook: PathBuf::from("playbook.yaml"),
+            group: "burnin".into(),
+            topic: kiln_queue::NODES_TOPIC.into(),
+            dlq_topic: format!("{}.dlq", kiln_queue::NODES_TOPIC),
+            max_in_flight_per_partition: 4,
+            retry_backoff_ms: 30_000,
+            retry_backoff_max_ms: 30 * 60_000,
+            max_attempts: kiln_store::MAX_ATTEMPTS,
+            step_timeout_ms: 30_000,
+            run_grace_ms: 30_000,
+            session_timeout_ms: 10_000,
+            kafka: Default::default(),
+        }
+    }
+}
+
+impl AgentConfig {
+    /// Defaults, then `path`, then `KILN_AGENT__*` variables.
+    pub fn load(path: &Path) -> anyhow::Result<AgentConfig> {
+        if !path.exists() {
+            anyhow::bail!("agent settings file {} does not exist", path.display());
+        }
+        let defaults =
+            Config::try_from(&AgentConfig::default()).context("encoding the built-in defaults")?;
+        let config: AgentConfig = Config::builder()
+            .add_source(defaults)
+            .add_source(File::from(path).format(FileFormat::Toml))
+            .add_source(
+                Environment::with_prefix("KILN_AGENT")
+                    .prefix_separator("__")
+                    .try_parsing(true),
+            )
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .with_context(|| format!("reading agent settings {}", path.display()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.max_in_flight_per_partition == 0 || self.max_in_flight_per_partition > 10_000 {
+            anyhow::bail!("max_in_flight_per_partition must be 1..=10000");
+        }
+        if self.max_attempts != kiln_store::MAX_ATTEMPTS {
+            anyhow::bail!(
+                "max_attempts must be {}: the store's node state machine dead-letters after \
+                 attempt {} (kiln_store::MAX_ATTEMPTS), and the agent follows the store",
+                kiln_store::MAX_ATTEMPTS,
+                kiln_store::MAX_ATTEMPTS
+            );
+        }
+        if self.agent_id.trim().is_empty() {
+            anyhow::bail!("agent_id must not be empty");
+        }
+        if self.step_timeout_ms == 0 {
+            anyhow::bail!("step_timeout_ms must be > 0");
+        }
+        Ok(())
+    }
+
+    /// Back-off before attempt `failed + 1`, after `failed` failed attempts (1-based).
+    pub fn backoff_ms(&self, failed: u32) -> u64 {
+        let shift = failed.saturating_sub(1).min(30);
+        self.retry_backoff_ms
+            .saturating_mul(1u64 << shift)
+            .min(self.retry_backoff_max_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loads_toml_and_validates() {
+        let dir = std::env::temp_dir().join(format!("kiln-agent-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let p = dir.join("agent.toml");
+        std::fs::write(
+            &p,
+            "bootstrap = \"h:1\"\nagent_id = \"a1\"\nplaybook = \"pb.yaml\"\n\
+             max_in_flight_per_partition = 3\nretry_backoff_ms = 10\nretry_backoff_max_ms = 35\n",
+        )
+        .expect("write");
+        let c = AgentConfig::load(&p).expect("load");
+        assert_eq!(c.bootstrap, "h:1");
+        assert_eq!(c.max_in_flight_per_partition, 3);
+        assert_eq!(c.max_attempts, 10);
+        assert_eq!(c.group, "burnin");
+        assert_eq!(
+            [c.backoff_ms(1), c.backoff_ms(2), c.backoff_ms(3)],
+            [10, 20, 35]
+        );
+        for bad in [
+            "max_attempts = 11\n",
+            "max_attempts = 3\n",
+            "max_in_flight_per_partition = 0\n",
+        ] {
+            std::fs::write(&p, bad).expect("write");
+            assert!(AgentConfig::load(&p).is_err(), "{bad}");
+        }
+        std::fs::write(&p, "no_such_key = 1\n").expect("write");
+        assert!(AgentConfig::load(&p).is_err());
+        assert!(AgentConfig::load(&dir.join("missing.toml")).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
