@@ -27,19 +27,12 @@ use kafka_protocol::records::RecordBatchDecoder;
 use kafka_protocol::ResponseError;
 use kiln_client::Connection;
 
+use crate::broker_address::BrokerAddress;
+
 #[derive(Args, Debug)]
 pub struct GroupsArgs {
-    /// Broker to talk to.
-    #[arg(
-        long,
-        global = true,
-        env = "KILN_BOOTSTRAP",
-        default_value = "127.0.0.1:9092"
-    )]
-    bootstrap: String,
-    /// How long to wait for the broker, in seconds.
-    #[arg(long, global = true, default_value_t = 10)]
-    timeout_s: u64,
+    #[command(flatten)]
+    broker: BrokerAddress,
     #[command(subcommand)]
     command: GroupsCommand,
 }
@@ -82,8 +75,8 @@ enum GroupsCommand {
 }
 
 pub async fn run(args: GroupsArgs) -> anyhow::Result<()> {
-    let timeout = Duration::from_secs(args.timeout_s.max(1));
-    let mut cluster = Cluster::new(args.bootstrap, timeout);
+    let timeout = args.broker.timeout();
+    let mut cluster = Cluster::new(args.broker.bootstrap, timeout);
     match args.command {
         GroupsCommand::List => list(&mut cluster).await,
         GroupsCommand::Describe { group } => describe(&mut cluster, &group).await,

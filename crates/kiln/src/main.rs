@@ -1,6 +1,7 @@
 //! `kiln`: one binary, one subcommand per service or tool.
 
 mod agent_cmd;
+mod broker_address;
 mod broker_cmd;
 mod groups_cmd;
 mod intake_cmd;

@@ -15,19 +15,12 @@ use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 use kiln_client::Connection;
 
+use crate::broker_address::BrokerAddress;
+
 #[derive(Args, Debug)]
 pub struct TopicsArgs {
-    /// Broker to talk to.
-    #[arg(
-        long,
-        global = true,
-        env = "KILN_BOOTSTRAP",
-        default_value = "127.0.0.1:9092"
-    )]
-    bootstrap: String,
-    /// How long to wait for the broker, in seconds.
-    #[arg(long, global = true, default_value_t = 10)]
-    timeout_s: u64,
+    #[command(flatten)]
+    broker: BrokerAddress,
     #[command(subcommand)]
     command: TopicsCommand,
 }
@@ -54,10 +47,10 @@ enum TopicsCommand {
 }
 
 pub async fn run(args: TopicsArgs) -> anyhow::Result<()> {
-    let timeout = Duration::from_secs(args.timeout_s.max(1));
-    let mut conn = Connection::connect(&args.bootstrap, timeout)
+    let timeout = args.broker.timeout();
+    let mut conn = Connection::connect(&args.broker.bootstrap, timeout)
         .await
-        .with_context(|| format!("connecting to {}", args.bootstrap))?;
+        .with_context(|| format!("connecting to {}", args.broker.bootstrap))?;
     match args.command {
         TopicsCommand::Create {
             name,
