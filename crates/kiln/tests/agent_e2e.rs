@@ -124,30 +124,16 @@ fn read_all(broker: &str, topic: &str, partitions: i32) -> Vec<(i32, i64, Vec<u8
             .expect("watermarks")
             .1;
     }
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)
-            .expect("tpl");
-    }
-    c.assign(&tpl).expect("assign");
-    let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while (out.len() as i64) < want {
-        assert!(
-            Instant::now() < deadline,
-            "read {} of {want} records of {topic}",
-            out.len()
-        );
-        if let Some(m) = c.poll(Duration::from_millis(200)) {
-            let m = m.expect("consume");
-            out.push((
+    common::read_records(&c, topic, partitions, want, &String::new)
+        .into_iter()
+        .map(|m| {
+            (
                 m.partition(),
                 m.offset(),
                 m.payload().unwrap_or_default().to_vec(),
-            ));
-        }
-    }
-    out
+            )
+        })
+        .collect()
 }
 
 /// The group's committed offset per partition of kiln.nodes (OffsetFetch).

@@ -16,7 +16,7 @@ use kiln_intake::testkit::{free_port, BrokerProcess};
 use kiln_manifest::{Format, NodeSpec};
 use kiln_queue::rdkafka::config::ClientConfig;
 use kiln_queue::rdkafka::consumer::{BaseConsumer, Consumer};
-use kiln_queue::rdkafka::{Message, Offset, TopicPartitionList};
+use kiln_queue::rdkafka::Message;
 use kiln_queue::{NodeMessage, NODES_TOPIC};
 use kiln_store::{NodeState, Store};
 
@@ -115,34 +115,18 @@ impl Env {
     fn read_all(&self) -> Vec<(i32, i64, String, NodeMessage)> {
         let want: i64 = self.high_watermarks().iter().sum();
         let c = self.consumer();
-        let mut tpl = TopicPartitionList::new();
-        for p in 0..PARTITIONS {
-            tpl.add_partition_offset(NODES_TOPIC, p, Offset::Beginning)
-                .expect("tpl");
-        }
-        c.assign(&tpl).expect("assign");
-        let mut out = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while (out.len() as i64) < want {
-            assert!(
-                Instant::now() < deadline,
-                "read {} of {want} records\n{}",
-                out.len(),
-                self.broker.log_tail()
-            );
-            match c.poll(Duration::from_millis(200)) {
-                None => {}
-                Some(Err(e)) => panic!("consume: {e}"),
-                Some(Ok(m)) => {
-                    let key =
-                        String::from_utf8(m.key().expect("every node message has a key").to_vec())
-                            .expect("utf-8 key");
-                    let msg = NodeMessage::decode(m.payload().expect("payload"))
-                        .expect("a v1 node message");
-                    out.push((m.partition(), m.offset(), key, msg));
-                }
-            }
-        }
+        let mut out: Vec<_> = common::read_records(&c, NODES_TOPIC, PARTITIONS, want, &|| {
+            self.broker.log_tail()
+        })
+        .into_iter()
+        .map(|m| {
+            let key = String::from_utf8(m.key().expect("every node message has a key").to_vec())
+                .expect("utf-8 key");
+            let msg =
+                NodeMessage::decode(m.payload().expect("payload")).expect("a v1 node message");
+            (m.partition(), m.offset(), key, msg)
+        })
+        .collect();
         out.sort_by_key(|(p, o, _, _)| (*p, *o));
         out
     }

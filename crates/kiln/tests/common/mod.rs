@@ -31,3 +31,42 @@ pub fn java_partition(key: &[u8], partitions: i32) -> i32 {
     h ^= h >> 15;
     ((h & 0x7fff_ffff) % partitions as u32) as i32
 }
+
+use std::time::{Duration, Instant};
+
+use kiln_queue::rdkafka::consumer::{BaseConsumer, Consumer};
+use kiln_queue::rdkafka::message::OwnedMessage;
+use kiln_queue::rdkafka::{Offset, TopicPartitionList};
+
+/// Reads partitions `0..partitions` of `topic` from the beginning with manual assignment until
+/// `want` records arrived (30 s at most; `context` is added to the failure message).
+pub fn read_records(
+    c: &BaseConsumer,
+    topic: &str,
+    partitions: i32,
+    want: i64,
+    context: &dyn Fn() -> String,
+) -> Vec<OwnedMessage> {
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .expect("tpl");
+    }
+    c.assign(&tpl).expect("assign");
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while (out.len() as i64) < want {
+        assert!(
+            Instant::now() < deadline,
+            "read {} of {want} records of {topic}\n{}",
+            out.len(),
+            context()
+        );
+        match c.poll(Duration::from_millis(200)) {
+            None => {}
+            Some(Err(e)) => panic!("consume: {e}"),
+            Some(Ok(m)) => out.push(m.detach()),
+        }
+    }
+    out
+}
