@@ -13,24 +13,12 @@ use kiln_manifest::{Format, ManifestErrors};
 use kiln_queue::{NodeProducer, ProducerConfig};
 use kiln_store::Store;
 
+use crate::platform_args::PlatformArgs;
+
 #[derive(Args, Debug)]
 pub struct IntakeArgs {
-    /// Results store: sqlite://PATH (embedded, a file) or postgres://USER[:PASSWORD]@HOST:PORT/DB.
-    #[arg(
-        long,
-        global = true,
-        env = "KILN_DATABASE_URL",
-        default_value = "sqlite://kiln.db"
-    )]
-    database_url: String,
-    /// Kafka bootstrap servers: Kiln's broker, Apache Kafka or Redpanda (host:port[,host:port]).
-    #[arg(
-        long,
-        global = true,
-        env = "KILN_BOOTSTRAP",
-        default_value = "127.0.0.1:9092"
-    )]
-    bootstrap: String,
+    #[command(flatten)]
+    platform: PlatformArgs,
     /// Topic nodes are queued on.
     #[arg(long, global = true, default_value = kiln_queue::NODES_TOPIC)]
     topic: String,
@@ -78,8 +66,8 @@ pub async fn run(args: IntakeArgs) -> anyhow::Result<()> {
 }
 
 async fn connect(args: &IntakeArgs) -> anyhow::Result<Intake> {
-    let store = Store::connect(&args.database_url).await?;
-    let mut config = ProducerConfig::new(&args.bootstrap);
+    let store = Store::connect(&args.platform.store.database_url).await?;
+    let mut config = ProducerConfig::new(&args.platform.bootstrap);
     config.topic = args.topic.clone();
     for kv in &args.kafka_config {
         let Some((k, v)) = kv.split_once('=') else {
@@ -237,8 +225,8 @@ async fn serve(args: &IntakeArgs, listen: SocketAddr) -> anyhow::Result<()> {
     let bound = listener.local_addr()?;
     tracing::info!(
         "intake listening on http://{bound} (store {}, bootstrap {}, topic {})",
-        kiln_store::redact_url(&args.database_url),
-        args.bootstrap,
+        kiln_store::redact_url(&args.platform.store.database_url),
+        args.platform.bootstrap,
         args.topic
     );
     let intake = Arc::new(intake);

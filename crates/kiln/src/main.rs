@@ -6,6 +6,7 @@ mod broker_cmd;
 mod groups_cmd;
 mod intake_cmd;
 mod nodes_cmd;
+mod platform_args;
 mod probe_cmd;
 mod settings;
 mod topics_cmd;

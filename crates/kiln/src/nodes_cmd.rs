@@ -6,16 +6,12 @@ use clap::{Args, Subcommand};
 use kiln_queue::{now_ms, NodeMessage, NodeProducer, ProducerConfig};
 use kiln_store::{CheckVerdict, NodeState, QueuedNode, Store};
 
+use crate::platform_args::{PlatformArgs, StoreArgs};
+
 #[derive(Args, Debug)]
 pub struct NodesArgs {
-    /// Results store: sqlite://PATH or postgres://USER[:PASSWORD]@HOST:PORT/DB.
-    #[arg(
-        long,
-        global = true,
-        env = "KILN_DATABASE_URL",
-        default_value = "sqlite://kiln.db"
-    )]
-    database_url: String,
+    #[command(flatten)]
+    store: StoreArgs,
     #[command(subcommand)]
     command: NodesCommand,
 }
@@ -33,22 +29,8 @@ enum NodesCommand {
 
 #[derive(Args, Debug)]
 pub struct DlqArgs {
-    /// Results store: sqlite://PATH or postgres://USER[:PASSWORD]@HOST:PORT/DB.
-    #[arg(
-        long,
-        global = true,
-        env = "KILN_DATABASE_URL",
-        default_value = "sqlite://kiln.db"
-    )]
-    database_url: String,
-    /// Kafka bootstrap servers.
-    #[arg(
-        long,
-        global = true,
-        env = "KILN_BOOTSTRAP",
-        default_value = "127.0.0.1:9092"
-    )]
-    bootstrap: String,
+    #[command(flatten)]
+    platform: PlatformArgs,
     #[command(subcommand)]
     command: DlqCommand,
 }
@@ -61,7 +43,7 @@ enum DlqCommand {
 
 pub async fn run_nodes(args: NodesArgs) -> anyhow::Result<()> {
     let NodesCommand::Show { hostname, json } = &args.command;
-    let store = Store::connect(&args.database_url).await?;
+    let store = Store::connect(&args.store.database_url).await?;
     let history = store.node_history(hostname).await?;
     store.close().await;
     let Some(h) = history else {
@@ -103,7 +85,7 @@ pub async fn run_nodes(args: NodesArgs) -> anyhow::Result<()> {
 
 pub async fn run_dlq(args: DlqArgs) -> anyhow::Result<()> {
     let DlqCommand::Requeue { hostname } = &args.command;
-    let store = Store::connect(&args.database_url).await?;
+    let store = Store::connect(&args.platform.store.database_url).await?;
     let Some(h) = store.node_history(hostname).await? else {
         bail!("no node {hostname:?} in the store");
     };
@@ -118,7 +100,7 @@ pub async fn run_dlq(args: DlqArgs) -> anyhow::Result<()> {
     let cycle = h.node.cycle + 1;
     let msg = NodeMessage::first(h.node.spec.clone(), cycle, now_ms());
     // Produce first, record second (as intake does): a node is never "queued" without a message.
-    let producer = NodeProducer::new(ProducerConfig::new(&args.bootstrap))?;
+    let producer = NodeProducer::new(ProducerConfig::new(&args.platform.bootstrap))?;
     producer.check_topic().await?;
     let delivery = producer
         .send_all(std::slice::from_ref(&msg), |_| {})
