@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context as _};
-use kiln_checks::{CheckContext, FirmwareBaseline, NodeTarget, Playbook, Verdict};
+use kiln_checks::{CheckContext, FirmwareBaseline, NodeTarget, Verdict};
 use kiln_queue::rdkafka::config::ClientConfig;
 use kiln_queue::rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
@@ -39,7 +39,10 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tokio::time::{timeout, Instant};
 
+use crate::access::NodeAccess;
 use crate::config::AgentConfig;
+use crate::metrics::{self, AgentMetrics};
+use crate::playbooks::{needs_shell, PlaybookSet};
 use crate::watermark::Watermark;
 
 /// Version of the [`DeadLetter`] JSON on `kiln.nodes.dlq`.
@@ -75,6 +78,7 @@ enum RebalanceEvent {
 struct AgentContext {
     topic: String,
     events: mpsc::UnboundedSender<RebalanceEvent>,
+    metrics: Arc<AgentMetrics>,
 }
 
 impl AgentContext {
@@ -94,6 +98,7 @@ impl ConsumerContext for AgentContext {
         if let Rebalance::Revoke(tpl) = rebalance {
             let parts = self.partitions(tpl);
             tracing::info!(partitions = ?parts, "partitions revoked");
+            self.metrics.forget(&self.topic, &parts);
             let _ = self.events.send(RebalanceEvent::Revoked(parts));
         }
     }
@@ -115,8 +120,10 @@ impl ConsumerContext for AgentContext {
 struct Shared {
     config: AgentConfig,
     store: Store,
-    playbook: Playbook,
+    playbooks: PlaybookSet,
+    access: NodeAccess,
     producer: FutureProducer,
+    metrics: Arc<AgentMetrics>,
 }
 
 /// One partition's work.
@@ -141,7 +148,8 @@ pub async fn run_agent(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     config.validate()?;
-    let playbook = Playbook::load_file(&config.playbook).map_err(|e| anyhow!("{e}"))?;
+    let playbooks = PlaybookSet::load(config.playbook.as_ref(), &config.playbooks)?;
+    let access = NodeAccess::new(&config.ssh, &config.redfish)?;
     let store = timeout(
         Duration::from_millis(config.step_timeout_ms),
         Store::connect(&config.database_url),
@@ -168,6 +176,10 @@ pub async fn run_agent(
     }
     let producer: FutureProducer = pc.create().context("creating the producer")?;
 
+    let agent_metrics = Arc::new(AgentMetrics::new(&config.agent_id, &config.group));
+    let metrics_task = metrics::bind(&config.metrics_listen)
+        .await?
+        .map(|l| tokio::spawn(metrics::serve(l, agent_metrics.clone())));
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let mut cc = ClientConfig::new();
     cc.set("bootstrap.servers", &config.bootstrap)
@@ -189,19 +201,22 @@ pub async fn run_agent(
         .create_with_context(AgentContext {
             topic: config.topic.clone(),
             events: events_tx,
+            metrics: agent_metrics.clone(),
         })
         .context("creating the consumer")?;
     consumer
         .subscribe(&[&config.topic])
         .context("subscribing")?;
     tracing::info!(agent = %config.agent_id, group = %config.group, topic = %config.topic,
-        playbook = %playbook.name, "agent started");
+        playbooks = %playbooks.describe(), "agent started");
 
     let shared = Arc::new(Shared {
         config,
         store,
-        playbook,
+        playbooks,
+        access,
         producer,
+        metrics: agent_metrics,
     });
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
     let mut parts: HashMap<i32, Partition> = HashMap::new();
@@ -258,6 +273,7 @@ pub async fn run_agent(
                         tracing::warn!(error = %e, partition = done.partition, commit, "commit failed");
                     } else {
                         tracing::debug!(partition = done.partition, commit, "committed");
+                        shared.metrics.committed(&topic, done.partition, commit);
                     }
                 }
                 while part.running.len() < max {
@@ -325,6 +341,9 @@ pub async fn run_agent(
         }
     }
     consumer.unsubscribe();
+    if let Some(t) = metrics_task {
+        t.abort();
+    }
     shared.store.close().await;
     tracing::info!("agent stopped");
     result
@@ -400,6 +419,7 @@ fn spawn_work(
 
 /// One node, from message to follow-up; retried on store or produce errors.
 async fn work(shared: &Shared, payload: &[u8]) -> anyhow::Result<()> {
+    let _in_flight = shared.metrics.task_started();
     let msg = match NodeMessage::decode(payload) {
         Ok(m) => m,
         Err(e) => {
@@ -484,6 +504,7 @@ async fn burn_in(shared: &Shared, msg: &NodeMessage) -> anyhow::Result<()> {
             )
             .await?;
             tracing::info!(host, attempt = msg.attempt, ?verdict, state = %finished.state, "run finished");
+            shared.metrics.record_outcome(finished.state);
             (finished.state, last_error)
         }
     };
@@ -550,12 +571,42 @@ async fn run_playbook(
     shared: &Shared,
     msg: &NodeMessage,
 ) -> (RunVerdict, Vec<kiln_store::CheckResult>) {
-    let pb = &shared.playbook;
-    let ctx = CheckContext::new(target(msg), Instant::now() + pb.timeout);
+    let node = &msg.node;
+    let pb = match shared
+        .playbooks
+        .for_node(&node.gpu_model, u32::from(node.gpu_count))
+    {
+        Ok(pb) => pb,
+        Err(why) => return not_run(shared, "playbook", why),
+    };
+    // Waits for an SSH permit (agent-wide bound) before the run's deadline starts.
+    let session = match shared
+        .access
+        .open(&node.hostname, &node.bmc_address, needs_shell(pb))
+        .await
+    {
+        Ok(s) => s,
+        Err(why) => return not_run(shared, "node_access", why),
+    };
+    let mut ctx = CheckContext::new(target(msg), Instant::now() + pb.timeout);
+    ctx.shell = session.shell.clone();
+    ctx.bmc = session.bmc.clone();
     let limit = pb.timeout + Duration::from_millis(shared.config.run_grace_ms);
-    let run = match timeout(limit, pb.run(&ctx)).await {
+    let running = shared.metrics.playbook_started();
+    let run = timeout(limit, pb.run(&ctx)).await;
+    drop(running);
+    drop(ctx);
+    // Always disconnect and log out (BMCs have few session slots), bounded like a store step.
+    let close_limit = Duration::from_millis(shared.config.step_timeout_ms);
+    if timeout(close_limit, session.close()).await.is_err() {
+        tracing::warn!(host = %node.hostname, "closing SSH and Redfish sessions timed out");
+    }
+    let run = match run {
         Ok(run) => run,
         Err(_) => {
+            shared
+                .metrics
+                .record_check("playbook", Verdict::Error, limit);
             let check = kiln_store::CheckResult {
                 name: "playbook".into(),
                 verdict: CheckVerdict::Error,
@@ -569,6 +620,9 @@ async fn run_playbook(
             return (RunVerdict::Fail, vec![check]);
         }
     };
+    for r in &run.results {
+        shared.metrics.record_check(&r.name, r.verdict, r.duration);
+    }
     let verdict = match run.verdict {
         Verdict::Pass => RunVerdict::Pass,
         Verdict::Fail | Verdict::Error => RunVerdict::Fail,
@@ -599,6 +653,22 @@ async fn run_playbook(
         })
         .collect();
     (verdict, checks)
+}
+
+/// A run that could not start (no playbook for the node, no way to reach it): recorded as one
+/// `Error` check naming why, so the attempt fails and is retried like any other.
+fn not_run(shared: &Shared, name: &str, why: String) -> (RunVerdict, Vec<kiln_store::CheckResult>) {
+    shared
+        .metrics
+        .record_check(name, Verdict::Error, Duration::ZERO);
+    let check = kiln_store::CheckResult {
+        name: name.into(),
+        verdict: CheckVerdict::Error,
+        measured: serde_json::json!({}),
+        message: why,
+        evidence: String::new(),
+    };
+    (RunVerdict::Fail, vec![check])
 }
 
 fn target(msg: &NodeMessage) -> NodeTarget {

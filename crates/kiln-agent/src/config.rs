@@ -7,6 +7,8 @@ use anyhow::Context;
 use config::{Config, Environment, File, FileFormat};
 use serde::{Deserialize, Serialize};
 
+use crate::access::{RedfishSettings, SshSettings};
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentConfig {
@@ -16,8 +18,15 @@ pub struct AgentConfig {
     pub database_url: String,
     /// This agent's name in the store's runs (default: `agent-<pid>`).
     pub agent_id: String,
-    /// The playbook every node runs.
-    pub playbook: PathBuf,
+    /// The playbook every node runs (or use `playbooks`).
+    pub playbook: Option<PathBuf>,
+    /// Playbooks chosen per node by its manifest `gpu_model` (each playbook's `gpu_models`;
+    /// `gpu_models: []` is for nodes without GPUs). Give this or `playbook`.
+    pub playbooks: Vec<PathBuf>,
+    /// How the agent opens a shell on a node (SSH); see `access::SshSettings`.
+    pub ssh: SshSettings,
+    /// How the agent talks to a node's BMC (Redfish); see `access::RedfishSettings`.
+    pub redfish: RedfishSettings,
     /// Consumer group (`burnin`).
     pub group: String,
     /// Topic of nodes to burn in (`kiln.nodes`).
@@ -41,6 +50,9 @@ pub struct AgentConfig {
     pub session_timeout_ms: u64,
     /// Extra librdkafka settings for consumer and producer (e.g. `security.protocol`).
     pub kafka: std::collections::BTreeMap<String, String>,
+    /// `host:port` of the Prometheus text endpoint (`GET /metrics`); "off" disables it. Agents
+    /// sharing a host need one port each.
+    pub metrics_listen: String,
 }
 
 impl Default for AgentConfig {
@@ -49,7 +61,10 @@ impl Default for AgentConfig {
             bootstrap: "127.0.0.1:9092".into(),
             database_url: "sqlite://kiln.db".into(),
             agent_id: format!("agent-{}", std::process::id()),
-            playbook: PathBuf::from("playbook.yaml"),
+            playbook: None,
+            playbooks: Vec::new(),
+            ssh: SshSettings::default(),
+            redfish: RedfishSettings::default(),
             group: "burnin".into(),
             topic: kiln_queue::NODES_TOPIC.into(),
             dlq_topic: format!("{}.dlq", kiln_queue::NODES_TOPIC),
@@ -61,6 +76,7 @@ impl Default for AgentConfig {
             run_grace_ms: 30_000,
             session_timeout_ms: 10_000,
             kafka: Default::default(),
+            metrics_listen: "127.0.0.1:9645".into(),
         }
     }
 }
@@ -106,6 +122,14 @@ impl AgentConfig {
         if self.step_timeout_ms == 0 {
             anyhow::bail!("step_timeout_ms must be > 0");
         }
+        match (&self.playbook, self.playbooks.is_empty()) {
+            (Some(_), false) => anyhow::bail!("give either playbook or playbooks, not both"),
+            (None, true) => {
+                anyhow::bail!("no playbook: set playbook = FILE or playbooks = [FILES]")
+            }
+            _ => {}
+        }
+        crate::metrics::listen_address(&self.metrics_listen)?;
         Ok(())
     }
 
@@ -154,5 +178,36 @@ mod tests {
         assert!(AgentConfig::load(&p).is_err());
         assert!(AgentConfig::load(&dir.join("missing.toml")).is_err());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn reads_playbook_set_ssh_and_redfish_tables() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("agent.toml");
+        std::fs::write(
+            &p,
+            "playbooks = [\"a.yaml\", \"b.yaml\"]\n\
+             [ssh]\nuser = \"kiln\"\nkey_path = \"k\"\nknown_hosts = \"kh\"\nport = 2222\n\
+             max_sessions = 8\naddresses_file = \"addr.json\"\n\
+             [ssh.addresses]\n\"gpu-1\" = \"10.0.0.1:22\"\n\
+             [redfish]\nauth = \"session\"\nuser = \"u\"\npassword = \"p\"\nca_file = \"ca.pem\"\nretries = 1\n",
+        )
+        .expect("write");
+        let c = AgentConfig::load(&p).expect("load");
+        assert_eq!(c.playbook, None);
+        assert_eq!(c.playbooks.len(), 2);
+        assert_eq!(c.ssh.user, "kiln");
+        assert_eq!(c.ssh.port, 2222);
+        assert_eq!(c.ssh.max_sessions, 8);
+        assert_eq!(c.ssh.sessions_per_node, 4, "default kept");
+        assert_eq!(c.ssh.addresses["gpu-1"], "10.0.0.1:22");
+        assert_eq!(c.redfish.auth, crate::access::RedfishAuthKind::Session);
+        assert_eq!(c.redfish.retries, 1);
+        assert_eq!(c.redfish.request_timeout_ms, 30_000, "default kept");
+        std::fs::write(&p, "playbook = \"a.yaml\"\nplaybooks = [\"b.yaml\"]\n").expect("write");
+        let err = AgentConfig::load(&p).expect_err("both refused");
+        assert!(err.to_string().contains("not both"), "{err}");
+        std::fs::write(&p, "playbook = \"a.yaml\"\n[ssh]\nusr = \"x\"\n").expect("write");
+        assert!(AgentConfig::load(&p).is_err(), "unknown ssh field refused");
     }
 }

@@ -5,12 +5,19 @@
 //!
 //! - `watermark`: the pure per-partition tracker of in-flight offsets.
 //! - `config`: the agent's TOML settings.
+//! - `access`: SSH and Redfish settings, and each run's shell and BMC client.
+//! - `playbooks`: the playbook a node runs, chosen by its `gpu_model`.
 //! - `agent`: the consumer loop and the work on one node.
+//! - `metrics`: the agent's `GET /metrics` (outcomes, check durations and failures, offsets).
 
+pub mod access;
 pub mod agent;
 pub mod config;
+pub mod metrics;
+pub mod playbooks;
 pub mod watermark;
 
+pub use access::{RedfishAuthKind, RedfishSettings, SshSettings};
 pub use agent::{run_agent, DeadLetter, DLQ_SCHEMA_VERSION};
 pub use config::AgentConfig;
 pub use watermark::Watermark;

@@ -18,6 +18,7 @@ use uuid::Uuid;
 
 use crate::config::LogSettings;
 use crate::topic_config::{self, TopicSettings};
+use crate::traffic::TopicTraffic;
 
 /// Partitions one topic may have; a bound on what one request can make the broker open.
 pub const PARTITIONS_PER_TOPIC_MAX: u32 = 10_000;
@@ -69,6 +70,8 @@ pub struct Topic {
     pub overrides: BTreeMap<String, String>,
     pub settings: TopicSettings,
     pub partitions: Vec<PartitionLog>,
+    /// Produce and fetch counters for `/metrics`.
+    pub traffic: TopicTraffic,
 }
 
 impl Topic {
@@ -159,6 +162,7 @@ impl Catalog {
             overrides: record.overrides,
             settings,
             partitions,
+            traffic: TopicTraffic::default(),
         })
     }
 

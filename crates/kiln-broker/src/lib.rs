@@ -3,7 +3,8 @@
 //! `server` accepts connections, `connection` reads frames and keeps responses in
 //! request order, `handlers` answer one API each, `catalog` owns the topics and
 //! their partition logs (from `kiln-log`), `retention` ages data out, `groups` coordinates
-//! consumer groups and stores their committed offsets, `metrics` serves `GET /metrics`.
+//! consumer groups and stores their committed offsets, `metrics` serves `GET /metrics`
+//! (per-topic counters in `traffic`, fsync timing from `kiln_log::stats`).
 
 mod catalog;
 pub mod config;
@@ -17,6 +18,7 @@ mod retention;
 mod server;
 mod time;
 pub mod topic_config;
+pub mod traffic;
 
 pub use catalog::{Catalog, CatalogError, Topic};
 pub use config::{BrokerConfig, LogSettings};

@@ -14,6 +14,7 @@
 //!   writes.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -126,6 +127,9 @@ pub struct SshShell {
     key: Arc<PrivateKey>,
     conn: Mutex<Option<Arc<Handle<Client>>>>,
     sessions: Arc<Semaphore>,
+    /// Remote kills still being sent; `disconnect` waits for them, or closing the
+    /// connection first would leave the timed-out command running on the node.
+    kills: Arc<AtomicUsize>,
 }
 
 impl SshShell {
@@ -140,6 +144,7 @@ impl SshShell {
             key: Arc::new(key),
             conn: Mutex::new(None),
             sessions,
+            kills: Arc::new(AtomicUsize::new(0)),
         })
     }
 
@@ -215,8 +220,13 @@ impl SshShell {
         Ok(h)
     }
 
-    /// Closes the connection (the next command opens a new one).
+    /// Closes the connection (the next command opens a new one), after any remote kill of
+    /// a timed-out command has been sent (each is bounded at 10 s).
     pub async fn disconnect(&self) {
+        let until = tokio::time::Instant::now() + Duration::from_secs(11);
+        while self.kills.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         if let Some(h) = self.conn.lock().await.take() {
             let _ = h.disconnect(Disconnect::ByApplication, "", "en").await;
         }
@@ -239,6 +249,7 @@ impl SshShell {
             handle: handle.clone(),
             pgid: None,
             armed: true,
+            kills: self.kills.clone(),
         };
         channel
             .exec(true, wrap(command))
@@ -348,6 +359,7 @@ struct RemoteKill {
     handle: Arc<Handle<Client>>,
     pgid: Option<u32>,
     armed: bool,
+    kills: Arc<AtomicUsize>,
 }
 
 impl Drop for RemoteKill {
@@ -359,6 +371,8 @@ impl Drop for RemoteKill {
             return;
         };
         let handle = self.handle.clone();
+        let kills = self.kills.clone();
+        kills.fetch_add(1, Ordering::SeqCst);
         rt.spawn(async move {
             let kill = async {
                 let ch = handle.channel_open_session().await?;
@@ -375,6 +389,7 @@ impl Drop for RemoteKill {
             if let Err(e) = tokio::time::timeout(Duration::from_secs(10), kill).await {
                 tracing::warn!(pgid, "killing a timed-out remote command: {e}");
             }
+            kills.fetch_sub(1, Ordering::SeqCst);
         });
     }
 }

@@ -5,7 +5,7 @@
 //! base offset field is stamped by the log; `<base-offset>.index` is a sparse
 //! offset index and `<base-offset>.timeindex` a sparse time index.
 //!
-//! This crate has no networking.
+//! This crate has no networking. `stats` times every segment fsync for the broker's metrics.
 
 pub mod batch;
 mod checkpoint;
@@ -16,6 +16,7 @@ mod index;
 mod partition;
 mod recovery;
 mod segment;
+pub mod stats;
 
 pub use batch::{BatchHeader, BATCH_HEADER_LEN};
 pub use config::{FlushPolicy, LogConfig};

@@ -202,10 +202,15 @@ impl Segment {
     }
 
     /// fdatasync: makes every byte written so far durable.
+    /// fdatasync of the segment file, timed into the process-wide histogram (`stats`).
     pub fn sync(&self) -> Result<(), LogError> {
-        self.file
+        let started = std::time::Instant::now();
+        let result = self
+            .file
             .sync_data()
-            .map_err(LogError::io("fsync segment", &self.path))
+            .map_err(LogError::io("fsync segment", &self.path));
+        crate::stats::record_fsync(started.elapsed());
+        result
     }
 
     fn corrupt(&self, position: u64, reason: impl Into<String>) -> LogError {

@@ -324,6 +324,10 @@ macro_rules! begin_write {
     };
 }
 
+// Declared after the macros above, which it uses.
+pub mod dashboard;
+pub mod triage;
+
 /// Hides the password in a database URL for messages.
 pub fn redact_url(url: &str) -> String {
     if let Some((scheme, rest)) = url.split_once("://") {

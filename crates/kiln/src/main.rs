@@ -3,12 +3,16 @@
 mod agent_cmd;
 mod broker_address;
 mod broker_cmd;
+mod dashboard_cmd;
+mod deadletter_cmd;
 mod groups_cmd;
 mod intake_cmd;
 mod nodes_cmd;
 mod platform_args;
 mod probe_cmd;
 mod settings;
+mod sim_cmd;
+mod status_cmd;
 mod topics_cmd;
 
 use std::process::ExitCode;
@@ -45,8 +49,16 @@ enum Command {
     Nodes(nodes_cmd::NodesArgs),
     /// Dead-lettered nodes: requeue one (after repair) as its next cycle.
     Dlq(nodes_cmd::DlqArgs),
+    /// Dead-letter triage: consume kiln.nodes.dlq, record triage, send the daily report email.
+    Deadletter(deadletter_cmd::DeadletterArgs),
+    /// Each rack's nodes by state with progress bars and totals (--watch to follow).
+    Status(status_cmd::StatusArgs),
+    /// Serve the operators' web dashboard: racks, nodes, checks, dead letters, consumer lag.
+    Dashboard(dashboard_cmd::DashboardArgs),
     /// On a GPU node: read NVML and the kernel log, print one JSON document.
     Probe(probe_cmd::ProbeArgs),
+    /// Serve a simulated fleet on loopback (SSH + Redfish per node, injected faults).
+    Sim(sim_cmd::SimArgs),
 }
 
 fn main() -> ExitCode {
@@ -75,6 +87,10 @@ fn main() -> ExitCode {
             Command::Agent(args) => agent_cmd::run(args).await,
             Command::Nodes(args) => nodes_cmd::run_nodes(args).await,
             Command::Dlq(args) => nodes_cmd::run_dlq(args).await,
+            Command::Deadletter(args) => deadletter_cmd::run(args).await,
+            Command::Status(args) => status_cmd::run(args).await,
+            Command::Dashboard(args) => dashboard_cmd::run(args).await,
+            Command::Sim(args) => sim_cmd::run(args).await,
             Command::Probe(_) => unreachable_probe(),
         }
     });

@@ -155,6 +155,52 @@ mod tests {
         );
     }
 
+    /// Every broker and agent config shipped under deploy/ loads with the real loaders.
+    #[test]
+    fn shipped_deploy_configs_load() {
+        let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+        let mut files = vec![deploy.join("agent.example.toml")];
+        for n in 1..=3 {
+            files.push(deploy.join(format!("cluster/broker-{n}.toml")));
+        }
+        let (mut brokers, mut agents) = (0, 0);
+        for path in files {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if let Some(n) = name.strip_prefix("broker-") {
+                let args = BrokerArgs {
+                    config: Some(path.clone()),
+                    ..Default::default()
+                };
+                let c = broker_config_from(&args, env(&[]))
+                    .unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+                let n: i32 = n.trim_end_matches(".toml").parse().unwrap();
+                assert_eq!(c.node_id, n);
+                assert_eq!(
+                    c.advertised_address.as_deref(),
+                    Some(format!("broker-{n}.kiln.example.net:9092").as_str())
+                );
+                assert_eq!(c.data_dir, std::path::PathBuf::from("/var/lib/kiln/broker"));
+                assert_eq!(
+                    c.metrics_address().unwrap(),
+                    Some("0.0.0.0:9644".parse().unwrap())
+                );
+                assert_eq!(
+                    c.log.flush_interval_ms, 0,
+                    "{name} must keep fsync-before-ack"
+                );
+                brokers += 1;
+            } else {
+                let c = kiln_agent::AgentConfig::load(&path)
+                    .unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+                assert_eq!(c.agent_id, "bastion-1");
+                assert_eq!(c.group, "burnin");
+                assert_eq!(c.metrics_listen, "0.0.0.0:9645");
+                agents += 1;
+            }
+        }
+        assert_eq!((brokers, agents), (3, 1));
+    }
+
     #[test]
     fn missing_file_is_an_error() {
         let args = BrokerArgs {

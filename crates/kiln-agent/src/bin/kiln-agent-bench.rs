@@ -103,7 +103,7 @@ async fn main() -> anyhow::Result<()> {
         bootstrap: broker.addr.clone(),
         database_url: db_url.clone(),
         agent_id: "bench".into(),
-        playbook,
+        playbook: Some(playbook),
         max_in_flight_per_partition: in_flight,
         ..AgentConfig::default()
     };

@@ -14,12 +14,31 @@ use tokio::sync::watch;
 use crate::errors::log_error_code;
 use crate::handlers::Reply;
 use crate::server::Broker;
+use crate::traffic::TopicTraffic;
 
 pub fn handle(broker: &Arc<Broker>, request: FetchRequest) -> Reply {
     let broker = broker.clone();
     Reply::Later(Box::pin(async move {
-        ResponseKind::Fetch(long_poll(&broker, &request).await)
+        let response = long_poll(&broker, &request).await;
+        count_traffic(&broker, &response);
+        ResponseKind::Fetch(response)
     }))
+}
+
+/// Once per request, whatever the long poll did: one request and the bytes returned, per topic.
+fn count_traffic(broker: &Broker, response: &FetchResponse) {
+    for t in &response.responses {
+        let Some(topic) = broker.catalog.get(t.topic.as_str()) else {
+            continue;
+        };
+        let bytes: usize = t
+            .partitions
+            .iter()
+            .filter_map(|p| p.records.as_ref().map(|r| r.len()))
+            .sum();
+        TopicTraffic::add(&topic.traffic.fetch_requests, 1);
+        TopicTraffic::add(&topic.traffic.fetch_bytes, bytes as u64);
+    }
 }
 
 async fn long_poll(broker: &Broker, request: &FetchRequest) -> FetchResponse {

@@ -13,6 +13,7 @@ use crate::errors::log_error_code;
 use crate::handlers::Reply;
 use crate::server::Broker;
 use crate::time::now_ms;
+use crate::traffic::TopicTraffic;
 
 /// Shortest durability wait granted, whatever timeout the client sent.
 const ACK_TIMEOUT_MIN: Duration = Duration::from_secs(1);
@@ -31,6 +32,9 @@ pub fn handle(broker: &Arc<Broker>, request: ProduceRequest) -> Reply {
     let mut responses = Vec::with_capacity(request.topic_data.len());
     for (topic_slot, topic_data) in request.topic_data.into_iter().enumerate() {
         let topic = broker.catalog.get(topic_data.name.as_str());
+        if let Some(t) = &topic {
+            TopicTraffic::add(&t.traffic.produce_requests, 1);
+        }
         let mut partitions = Vec::with_capacity(topic_data.partition_data.len());
         for (partition_slot, data) in topic_data.partition_data.into_iter().enumerate() {
             let response = PartitionProduceResponse::default()
@@ -68,6 +72,10 @@ pub fn handle(broker: &Arc<Broker>, request: ProduceRequest) -> Reply {
             }
             match log.append(&records, now) {
                 Ok(info) => {
+                    if let Some(t) = &topic {
+                        TopicTraffic::add(&t.traffic.produce_records, info.record_count);
+                        TopicTraffic::add(&t.traffic.produce_bytes, records.len() as u64);
+                    }
                     waiting.push(Waiting {
                         topic: topic_slot,
                         partition: partition_slot,
@@ -85,6 +93,10 @@ pub fn handle(broker: &Arc<Broker>, request: ProduceRequest) -> Reply {
                     partitions.push(error(response, log_error_code(&e), e.to_string()));
                 }
             }
+        }
+        if let Some(t) = &topic {
+            let refused = partitions.iter().filter(|p| p.error_code != 0).count();
+            TopicTraffic::add(&t.traffic.produce_errors, refused as u64);
         }
         responses.push(
             TopicProduceResponse::default()

@@ -1,0 +1,273 @@
+//! Settings: built-in defaults, then a TOML file (`kiln deadletter --config FILE`, see
+//! `deploy/deadletter.example.toml`), then `KILN_DEADLETTER__*` environment variables
+//! (`KILN_DEADLETTER__SMTP__PASSWORD=...`). Empty strings mean "not set": the `config` crate
+//! layers plain values more predictably than options.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use config::{Config, Environment, File, FileFormat};
+use serde::{Deserialize, Serialize};
+
+use crate::schedule::Schedule;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeadletterConfig {
+    /// Kafka bootstrap servers.
+    pub bootstrap: String,
+    /// The results store (`sqlite://PATH` or `postgres://...`).
+    pub database_url: String,
+    /// Consumer group (`deadletter`): its own, so the triage service's offsets are independent
+    /// of anyone else reading the dead-letter topic.
+    pub group: String,
+    /// The dead-letter topic (`kiln.nodes.dlq`).
+    pub topic: String,
+    /// This instance's name, recorded with the report day it claims.
+    pub instance_id: String,
+    /// Consumer session timeout, ms.
+    pub session_timeout_ms: u64,
+    /// At start, how long a due report waits for the consumer to catch up with the topic, ms.
+    pub catch_up_timeout_ms: u64,
+    /// Timeout of each store operation, ms.
+    pub step_timeout_ms: u64,
+    /// Extra librdkafka settings for the consumer (e.g. `security.protocol`).
+    pub kafka: BTreeMap<String, String>,
+    pub report: ReportConfig,
+    /// `smtp` or `file`.
+    pub transport: TransportKind,
+    pub smtp: SmtpConfig,
+    pub file: FileConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReportConfig {
+    /// Local time of day the report is sent, `HH:MM`.
+    pub time: String,
+    /// IANA time zone of `time` and of the report's day and timestamps.
+    pub timezone: String,
+    /// Sender address, e.g. `Kiln <kiln@example.com>`.
+    pub from: String,
+    /// Recipients.
+    pub to: Vec<String>,
+    /// Subject prefix; the day and counts follow.
+    pub subject: String,
+    /// Send a report even when no node is dead-lettered (a daily "all clear").
+    pub send_when_empty: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    Smtp,
+    File,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Security {
+    /// Plain connection upgraded with STARTTLS, which is required (port 587).
+    Starttls,
+    /// TLS from the first byte (port 465).
+    Tls,
+    /// No TLS at all: only to a loopback address (a local relay or a test server).
+    Plain,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SmtpConfig {
+    pub host: String,
+    /// 0: the usual port of `security` (587, 465, 25).
+    pub port: u16,
+    pub security: Security,
+    /// Authentication is used when `username` is set.
+    pub username: String,
+    pub password: String,
+    /// A file holding the password (one line), instead of `password`.
+    pub password_file: PathBuf,
+    /// Limit on one whole SMTP exchange (connect, TLS, authentication, the message), ms.
+    pub timeout_ms: u64,
+    /// Extra PEM root certificate(s) to trust (a private CA); the system roots stay trusted.
+    pub ca_file: PathBuf,
+    /// Name sent in EHLO; empty: this machine's hostname.
+    pub hello_name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FileConfig {
+    /// Directory the file transport writes each email to (`<id>.eml`); created if missing.
+    pub dir: PathBuf,
+}
+
+impl Default for DeadletterConfig {
+    fn default() -> Self {
+        DeadletterConfig {
+            bootstrap: "127.0.0.1:9092".into(),
+            database_url: "sqlite://kiln.db".into(),
+            group: "deadletter".into(),
+            topic: format!("{}.dlq", kiln_queue::NODES_TOPIC),
+            instance_id: format!("deadletter-{}", std::process::id()),
+            session_timeout_ms: 10_000,
+            catch_up_timeout_ms: 30_000,
+            step_timeout_ms: 30_000,
+            kafka: BTreeMap::new(),
+            report: ReportConfig::default(),
+            transport: TransportKind::Smtp,
+            smtp: SmtpConfig::default(),
+            file: FileConfig::default(),
+        }
+    }
+}
+
+impl Default for ReportConfig {
+    fn default() -> Self {
+        ReportConfig {
+            time: "08:00".into(),
+            timezone: "UTC".into(),
+            from: "Kiln <kiln@localhost>".into(),
+            to: Vec::new(),
+            subject: "Kiln dead-lettered nodes".into(),
+            send_when_empty: false,
+        }
+    }
+}
+
+impl Default for SmtpConfig {
+    fn default() -> Self {
+        SmtpConfig {
+            host: "localhost".into(),
+            port: 0,
+            security: Security::Starttls,
+            username: String::new(),
+            password: String::new(),
+            password_file: PathBuf::new(),
+            timeout_ms: 30_000,
+            ca_file: PathBuf::new(),
+            hello_name: String::new(),
+        }
+    }
+}
+
+impl Default for FileConfig {
+    fn default() -> Self {
+        FileConfig {
+            dir: PathBuf::from("deadletter-mail"),
+        }
+    }
+}
+
+impl SmtpConfig {
+    pub fn port_or_default(&self) -> u16 {
+        match (self.port, self.security) {
+            (0, Security::Starttls) => 587,
+            (0, Security::Tls) => 465,
+            (0, Security::Plain) => 25,
+            (p, _) => p,
+        }
+    }
+}
+
+impl DeadletterConfig {
+    /// Defaults, then `path` (if given), then `KILN_DEADLETTER__*` variables; validated.
+    pub fn load(path: Option<&Path>) -> anyhow::Result<DeadletterConfig> {
+        let defaults = Config::try_from(&DeadletterConfig::default())
+            .context("encoding the built-in defaults")?;
+        let mut builder = Config::builder().add_source(defaults);
+        if let Some(path) = path {
+            if !path.exists() {
+                bail!("deadletter settings file {} does not exist", path.display());
+            }
+            builder = builder.add_source(File::from(path).format(FileFormat::Toml));
+        }
+        let shown = path.map_or("(no file)".to_string(), |p| p.display().to_string());
+        let config: DeadletterConfig = builder
+            .add_source(
+                Environment::with_prefix("KILN_DEADLETTER")
+                    .prefix_separator("__")
+                    .separator("__")
+                    .try_parsing(true),
+            )
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .with_context(|| format!("reading deadletter settings {shown}"))?;
+        config
+            .validate()
+            .with_context(|| format!("deadletter settings {shown}"))?;
+        Ok(config)
+    }
+
+    /// Checks everything that does not need the network. Mail settings are checked further
+    /// when the mailer is built (`crate::mail::Mailer::new`).
+    pub fn validate(&self) -> anyhow::Result<()> {
+        self.schedule()?;
+        if self.group.trim().is_empty() || self.topic.trim().is_empty() {
+            bail!("group and topic must not be empty");
+        }
+        if self.instance_id.trim().is_empty() {
+            bail!("instance_id must not be empty");
+        }
+        if self.step_timeout_ms == 0 || self.smtp.timeout_ms == 0 {
+            bail!("step_timeout_ms and smtp.timeout_ms must be > 0");
+        }
+        if !self.smtp.password.is_empty() && !self.smtp.password_file.as_os_str().is_empty() {
+            bail!("set smtp.password or smtp.password_file, not both");
+        }
+        Ok(())
+    }
+
+    /// The report's schedule (time of day and zone).
+    pub fn schedule(&self) -> anyhow::Result<Schedule> {
+        Schedule::parse(&self.report.time, &self.report.timezone)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_file_and_errors() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("dl.toml");
+        std::fs::write(
+            &p,
+            "bootstrap = \"h:1\"\ntransport = \"file\"\n[report]\ntime = \"06:30\"\n\
+             timezone = \"Europe/Berlin\"\nto = [\"ops@example.com\"]\n\
+             [smtp]\nsecurity = \"tls\"\n[file]\ndir = \"/tmp/x\"\n",
+        )
+        .expect("write");
+        let c = DeadletterConfig::load(Some(&p)).expect("load");
+        assert_eq!(c.bootstrap, "h:1");
+        assert_eq!(c.group, "deadletter");
+        assert_eq!(c.topic, "kiln.nodes.dlq");
+        assert_eq!(c.transport, TransportKind::File);
+        assert_eq!(c.report.to, vec!["ops@example.com".to_string()]);
+        assert_eq!(c.smtp.port_or_default(), 465);
+        assert_eq!(c.file.dir, PathBuf::from("/tmp/x"));
+        for bad in [
+            "[report]\ntime = \"25:00\"\n",
+            "[report]\ntimezone = \"Mars/Olympus\"\n",
+            "[smtp]\nsecurity = \"ssl3\"\n",
+            "transport = \"pigeon\"\n",
+            "no_such_key = 1\n",
+            "[smtp]\npassword = \"a\"\npassword_file = \"/p\"\n",
+        ] {
+            std::fs::write(&p, bad).expect("write");
+            let err = DeadletterConfig::load(Some(&p)).expect_err(bad);
+            assert!(!format!("{err:#}").is_empty());
+        }
+        assert!(DeadletterConfig::load(Some(&dir.path().join("missing.toml"))).is_err());
+    }
+
+    #[test]
+    fn the_example_config_loads() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/deadletter.example.toml");
+        let c = DeadletterConfig::load(Some(&p)).expect("deploy/deadletter.example.toml loads");
+        assert_eq!(c.smtp.security, Security::Starttls);
+        assert!(!c.report.to.is_empty());
+    }
+}

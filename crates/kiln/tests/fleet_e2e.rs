@@ -1,0 +1,322 @@
+//! The burn-in platform with its real checks, end to end: a real `kiln broker` process, a
+//! simulated fleet of 12 H100 nodes in 3 racks (crates/kiln-sim: per-node SSH and HTTPS
+//! Redfish on loopback) with injected faults, `kiln intake register` of the manifest the
+//! simulator wrote, and one agent (in-process, the fleet's settings: SSH with known_hosts,
+//! Redfish sessions over TLS with the fleet's CA, playbooks chosen by gpu_model) running
+//! the sim playbook's real checks. Healthy nodes pass on the first attempt; every faulty
+//! node fails on the check that sees its fault, with the value in the stored message and
+//! evidence, and permanent faults are dead-lettered after 10 attempts; an intermittent
+//! fault passes on its second attempt; a hung stress command ends at its step timeout and
+//! is killed on the node; afterwards no SSH connection or Redfish session is left open.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kiln_agent::{run_agent, AgentConfig, DeadLetter};
+use kiln_intake::testkit::BrokerProcess;
+use kiln_queue::rdkafka::config::ClientConfig;
+use kiln_queue::rdkafka::consumer::{BaseConsumer, Consumer};
+use kiln_queue::rdkafka::Message;
+use kiln_queue::NODES_TOPIC;
+use kiln_sim::{Fault, Fleet, FleetSpec};
+use kiln_store::{CheckVerdict, NodeHistory, NodeState, RunVerdict, Store};
+
+const KILN: &str = env!("CARGO_BIN_EXE_kiln");
+const DLQ: &str = "kiln.nodes.dlq";
+
+const HEALTHY: [&str; 4] = ["host-0001", "host-0009", "host-0010", "host-0011"];
+/// Permanent faults: (host, fault, the check that fails, a part of its message).
+fn permanent() -> Vec<(&'static str, Fault, &'static str, &'static str)> {
+    vec![
+        ("host-0002", Fault::Ecc, "gpu_ecc", "GPU 3"),
+        (
+            "host-0003",
+            Fault::StuckIb,
+            "infiniband",
+            "mlx5_8 port 1: state \"2: INIT\", expected ACTIVE",
+        ),
+        (
+            "host-0004",
+            Fault::FirmwareDrift,
+            "bmc_firmware",
+            "version \"P79 v1.44\", baseline \"P79 v1.45\"",
+        ),
+        (
+            "host-0005",
+            Fault::SelCritical,
+            "bmc_sel",
+            "Critical: Power supply PSU2 failure detected",
+        ),
+        ("host-0007", Fault::RowRemap, "gpu_row_remap", "remap"),
+    ]
+}
+const FLAKY: &str = "host-0006";
+const UNREACHABLE: &str = "host-0008";
+const HANGS: &str = "host-0012";
+
+fn histories(rt: &tokio::runtime::Runtime, db_url: &str) -> HashMap<String, NodeHistory> {
+    rt.block_on(async {
+        let store = Store::connect(db_url).await.expect("store");
+        let mut out = HashMap::new();
+        for i in 1..=12 {
+            let h = format!("host-{i:04}");
+            if let Some(hist) = store.node_history(&h).await.expect("history") {
+                out.insert(h, hist);
+            }
+        }
+        store.close().await;
+        out
+    })
+}
+
+fn check<'h>(h: &'h NodeHistory, attempt: u32, name: &str) -> &'h kiln_store::CheckResult {
+    let run = h
+        .runs
+        .iter()
+        .find(|r| r.attempt == attempt)
+        .unwrap_or_else(|| panic!("{}: no attempt {attempt}", h.node.spec.hostname));
+    run.checks
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| {
+            panic!(
+                "{}: no check {name} in attempt {attempt}",
+                h.node.spec.hostname
+            )
+        })
+}
+
+fn failing(h: &NodeHistory, attempt: u32) -> Vec<String> {
+    h.runs
+        .iter()
+        .find(|r| r.attempt == attempt)
+        .map(|r| {
+            r.checks
+                .iter()
+                .filter(|c| c.verdict != CheckVerdict::Pass)
+                .map(|c| c.name.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn dead_letters(broker: &str) -> Vec<DeadLetter> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", broker)
+        .set("group.id", "fleet-e2e-reader")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let (_, high) = c
+        .fetch_watermarks(DLQ, 0, Duration::from_secs(10))
+        .expect("watermarks");
+    common::read_records(&c, DLQ, 1, high, &String::new)
+        .iter()
+        .map(|m| serde_json::from_slice(m.payload().unwrap_or_default()).expect("dead letter"))
+        .collect()
+}
+
+#[test]
+fn real_checks_on_a_simulated_fleet_pass_fail_retry_and_dead_letter() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let broker = BrokerProcess::start(Path::new(KILN)).expect("start kiln broker");
+    let addr = broker.addr.clone();
+    rt.block_on(kiln_queue::create_topic(&addr, NODES_TOPIC, 3, 1))
+        .expect("create kiln.nodes");
+    rt.block_on(kiln_queue::create_topic(&addr, DLQ, 1, 1))
+        .expect("create dlq");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db_url = format!("sqlite://{}", dir.path().join("kiln.db").display());
+
+    let mut spec = FleetSpec::new(dir.path().join("sim"));
+    spec.racks = 3;
+    spec.nodes_per_rack = 4;
+    for (host, fault, _, _) in permanent() {
+        spec = spec.with_fault(host, fault);
+    }
+    spec = spec
+        .with_fault(FLAKY, Fault::FlakyFirst(1))
+        .with_fault(UNREACHABLE, Fault::Unreachable)
+        .with_fault(HANGS, Fault::Hang);
+    let fleet = rt.block_on(Fleet::start(spec)).expect("simulated fleet");
+
+    // The manifest the simulator wrote goes through the real intake CLI.
+    let reg = Command::new(KILN)
+        .args(["intake", "register"])
+        .arg(fleet.manifest_path())
+        .args(["--bootstrap", &addr, "--database-url", &db_url])
+        .env_remove("KILN_BOOTSTRAP")
+        .env_remove("KILN_DATABASE_URL")
+        .stdin(Stdio::null())
+        .output()
+        .expect("kiln intake register");
+    assert!(
+        reg.status.success(),
+        "register: {}",
+        String::from_utf8_lossy(&reg.stderr)
+    );
+
+    let config = fleet.agent_config(AgentConfig {
+        bootstrap: addr.clone(),
+        database_url: db_url.clone(),
+        agent_id: "fleet-agent".into(),
+        max_in_flight_per_partition: 8,
+        retry_backoff_ms: 50,
+        retry_backoff_max_ms: 200,
+        step_timeout_ms: 15_000,
+        run_grace_ms: 2_000,
+        session_timeout_ms: 6_000,
+        metrics_listen: "off".into(),
+        ..AgentConfig::default()
+    });
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let agent = rt.spawn(run_agent(config, async {
+        let _ = stop_rx.await;
+    }));
+
+    // Every node but the hanging one ends passed or dead-lettered; the hanging one finishes
+    // at least one attempt (its stress steps each wait out a 10 s timeout).
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let hist = loop {
+        let hist = histories(&rt, &db_url);
+        let settled = hist.len() == 12
+            && hist.iter().all(|(h, x)| {
+                if h == HANGS {
+                    x.runs.iter().any(|r| r.verdict.is_some())
+                } else {
+                    matches!(x.node.state, NodeState::Passed | NodeState::DeadLettered)
+                }
+            });
+        if settled {
+            break hist;
+        }
+        assert!(
+            !agent.is_finished(),
+            "the agent stopped early: {:?}",
+            rt.block_on(agent).map(|r| r.map_err(|e| format!("{e:#}")))
+        );
+        assert!(
+            Instant::now() < deadline,
+            "not settled: {:?}\n{}",
+            hist.iter()
+                .map(|(h, x)| (h.clone(), (x.node.state, x.node.attempt)))
+                .collect::<BTreeMap<_, _>>(),
+            broker.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let _ = stop_tx.send(());
+    rt.block_on(agent)
+        .expect("agent task")
+        .expect("agent ran cleanly");
+
+    let steps = kiln_checks::Playbook::load_file(&fleet.playbooks()[0])
+        .expect("sim playbook")
+        .steps
+        .len();
+    for host in HEALTHY {
+        let h = &hist[host];
+        assert_eq!(h.node.state, NodeState::Passed, "{host}: {:?}", h.events);
+        assert_eq!(h.runs.len(), 1, "{host}: one attempt");
+        assert!(failing(h, 1).is_empty(), "{host}: {:?}", failing(h, 1));
+        assert_eq!(h.runs[0].checks.len(), steps, "{host}: every step recorded");
+        let ib = check(h, 1, "infiniband");
+        assert_eq!(ib.measured["hca_count"], 8);
+        assert!(ib.evidence.contains("mlx5_8"), "raw sysfs readings kept");
+    }
+
+    for (host, _, name, part) in permanent() {
+        let h = &hist[host];
+        assert_eq!(h.node.state, NodeState::DeadLettered, "{host}");
+        assert_eq!(h.runs.len(), 10, "{host}: 10 attempts");
+        for attempt in 1..=10 {
+            let c = check(h, attempt, name);
+            assert_eq!(c.verdict, CheckVerdict::Fail, "{host} attempt {attempt}");
+            assert!(c.message.contains(part), "{host}: {}", c.message);
+            assert!(
+                !c.measured.is_null() && !c.measured.as_object().is_some_and(|m| m.is_empty()),
+                "{host}: measured values stored"
+            );
+        }
+        // Only the faulty check (and its repeat after stress) fails.
+        let f = failing(h, 1);
+        assert!(
+            f.iter().all(|n| n.starts_with(name)),
+            "{host}: failing {f:?}"
+        );
+    }
+    let ecc = check(&hist["host-0002"], 1, "gpu_ecc");
+    assert!(ecc.evidence.contains("volatile_uncorrected") || ecc.message.contains('2'));
+    let fw = check(&hist["host-0004"], 1, "bmc_firmware");
+    assert!(fw.evidence.contains("P79 v1.44"), "{}", fw.evidence);
+
+    let flaky = &hist[FLAKY];
+    assert_eq!(flaky.node.state, NodeState::Passed);
+    assert_eq!(flaky.runs.len(), 2, "failed once, then passed");
+    assert_eq!(failing(flaky, 1), vec!["ethernet".to_string()]);
+    assert!(check(flaky, 1, "ethernet")
+        .message
+        .contains("operstate DOWN, expected UP"));
+    assert_eq!(flaky.runs[1].verdict, Some(RunVerdict::Pass));
+
+    let gone = &hist[UNREACHABLE];
+    assert_eq!(gone.node.state, NodeState::DeadLettered);
+    assert!(gone.runs[0]
+        .checks
+        .iter()
+        .all(|c| c.verdict == CheckVerdict::Error));
+    assert!(check(gone, 1, "gpu_ecc").message.contains("unreachable"));
+
+    let hung = &hist[HANGS];
+    let dcgm = check(hung, 1, "dcgm_diag");
+    assert_eq!(dcgm.verdict, CheckVerdict::Error);
+    assert!(
+        dcgm.message.contains("did not finish within 10.0 s"),
+        "{}",
+        dcgm.message
+    );
+    assert_eq!(check(hung, 1, "gpu_ecc").verdict, CheckVerdict::Pass);
+    assert!(fleet.stats().remote_kills >= 1, "{:?}", fleet.stats());
+
+    // Every dead-lettered node is on the dead-letter topic with its last error.
+    let dl = dead_letters(&addr);
+    let mut dead: Vec<&str> = dl
+        .iter()
+        .map(|d| d.message.node.hostname.as_str())
+        .collect();
+    dead.sort();
+    dead.dedup();
+    let mut want: Vec<&str> = permanent().iter().map(|p| p.0).collect();
+    want.push(UNREACHABLE);
+    want.sort();
+    assert_eq!(dead, want);
+    let sel = dl
+        .iter()
+        .find(|d| d.message.node.hostname == "host-0005")
+        .expect("sel node dead-lettered");
+    assert!(sel.last_error.contains("bmc_sel"), "{}", sel.last_error);
+
+    // The agent closed every SSH connection and Redfish session it opened.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let s = fleet.stats();
+        if s.ssh_connections_open == 0 && fleet.open_redfish_sessions() == 0 {
+            // One connection per run: 4 healthy + 5 x 10 dead-lettered + 2 flaky + at least
+            // 1 hung (the unreachable node never connects).
+            assert!(s.ssh_connections_total >= 57, "{s:?}");
+            assert_eq!(s.redfish_sessions_total, s.ssh_connections_total, "{s:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "left open: {s:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    rt.block_on(fleet.stop());
+}

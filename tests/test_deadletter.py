@@ -1,0 +1,326 @@
+"""`kiln deadletter` end to end, against a real SMTP server (aiosmtpd) on loopback.
+
+A broker, `kiln intake register` of three nodes in two racks and a real `kiln agent` whose
+scripted playbook always fails two of them (tiny retry back-off): after ten attempts each the
+agent dead-letters them onto kiln.nodes.dlq. `kiln deadletter` consumes the topic, records
+triage in the store and sends the daily report as soon as it has caught up (the report time is
+already past in the chosen zone). The delivered email is read back from the SMTP server and
+both parts are checked. Then `kiln deadletter report --send-now` and a restarted service must
+not send a second email the same day. A second test sends over STARTTLS with authentication
+(a CA and certificate made with openssl).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import email
+import email.policy
+import json
+import ssl
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kiln_testlib import create_topic, free_port, kiln, kiln_bin, clean_env, rdk_consumer
+
+aiosmtpd_controller = pytest.importorskip("aiosmtpd.controller")
+
+FAILING = {
+    "gpu-e-01": ("rack-east", "10.20.0.11", "gpu_ecc",
+                 "GPU 3 (0000:1b:00.0): 12 uncorrected volatile ECC errors", "reseat/replace GPU"),
+    "gpu-w-01": ("rack-west", "10.20.1.11", "infiniband",
+                 "mlx5_2 port 1: state DOWN, expected ACTIVE", "NIC/cable"),
+}
+PASSING = ("gpu-w-02", "rack-west", "10.20.1.12")
+
+
+class Inbox:
+    """aiosmtpd handler: keeps every message it accepts."""
+
+    def __init__(self):
+        self.messages: list[bytes] = []
+        self.logins: list[str] = []
+        self.lock = threading.Lock()
+
+    async def handle_DATA(self, server, session, envelope):  # noqa: N802 - aiosmtpd's name
+        with self.lock:
+            self.messages.append(envelope.original_content or envelope.content)
+        return "250 Message accepted for delivery"
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.messages)
+
+    def wait(self, n: int, timeout_s: float, why) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.count() < n:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.count()} email(s) within {timeout_s}s, wanted {n}\n{why()}")
+            time.sleep(0.1)
+
+
+def noon_zone() -> str:
+    """An IANA zone where it is now about noon, so a report time of 00:00 is past and the local
+    day does not change during the test."""
+    hour = dt.datetime.now(dt.timezone.utc).hour
+    offset = max(-12, min(14, 12 - hour))
+    # Etc/GMT signs are inverted: Etc/GMT-5 is UTC+5.
+    return "Etc/GMT" if offset == 0 else f"Etc/GMT{-offset:+d}"
+
+
+def write_config(path: Path, broker, db_url: str, smtp_port: int, extra_smtp: str = "") -> Path:
+    path.write_text(
+        f'bootstrap = "{broker.addr}"\ndatabase_url = "{db_url}"\ninstance_id = "dl-test"\n'
+        f'catch_up_timeout_ms = 30000\nsession_timeout_ms = 6000\ntransport = "smtp"\n'
+        f'[report]\ntime = "00:00"\ntimezone = "{noon_zone()}"\n'
+        f'from = "Kiln <kiln@example.test>"\nto = ["oncall@example.test"]\n'
+        f'subject = "[kiln] dead letters"\n'
+        f'[smtp]\nhost = "127.0.0.1"\nport = {smtp_port}\nsecurity = "plain"\ntimeout_ms = 10000\n'
+        f'{extra_smtp}'
+        f'[kafka]\n"heartbeat.interval.ms" = "500"\n')
+    return path
+
+
+class Service:
+    """A `kiln deadletter` process with its log in a file."""
+
+    def __init__(self, config: Path, log: Path):
+        self.log = log
+        with open(log, "ab") as f:
+            f.write(b"\n===== start\n")
+            f.flush()
+            self.proc = subprocess.Popen([kiln_bin(), "deadletter", "--config", str(config)],
+                                         stdin=subprocess.DEVNULL, stdout=f, stderr=f,
+                                         env={**clean_env(), "RUST_LOG": "info"})
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_log(self, needle: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while needle not in self.text():
+            assert self.proc.poll() is None, f"kiln deadletter exited {self.proc.returncode}\n{self.text()}"
+            assert time.monotonic() < deadline, f"no {needle!r} in the log\n{self.text()[-6000:]}"
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def smtp_server():
+    started = []
+
+    def start(**kw):
+        inbox = Inbox()
+        port = free_port()
+        c = aiosmtpd_controller.Controller(inbox, hostname="127.0.0.1", port=port, **kw)
+        c.start()
+        started.append(c)
+        return inbox, port
+
+    yield start
+    for c in started:
+        c.stop()
+
+
+def dead_letter_two_nodes(broker, tmp_path: Path, db_url: str) -> None:
+    """Real paths only: intake registers, a real agent fails two nodes ten times each."""
+    create_topic(broker, "kiln.nodes", partitions=2)
+    create_topic(broker, "kiln.nodes.dlq", partitions=1)
+    rows = ["hostname,rack,bmc_address,gpu_model,gpu_count,firmware_bmc,firmware_bios,"
+            "firmware_gpu_vbios,firmware_nic"]
+    for host, (rack, bmc, *_rest) in FAILING.items():
+        rows.append(f"{host},{rack},{bmc},H100-SXM,8,1.10,2.3.1,96.00,28.39")
+    rows.append(f"{PASSING[0]},{PASSING[1]},{PASSING[2]},H100-SXM,8,1.10,2.3.1,96.00,28.39")
+    manifest = tmp_path / "fleet.csv"
+    manifest.write_text("\n".join(rows) + "\n")
+    steps = "".join(
+        f"  - check: scripted\n    name: {check}\n    outcome: fail\n    hosts: [{host}]\n"
+        f"    message: \"{message}\"\n"
+        for host, (_rack, _bmc, check, message, _action) in FAILING.items())
+    playbook = tmp_path / "playbook.yaml"
+    playbook.write_text(f"playbook: always-fail\ntimeout_s: 30\nchecks:\n{steps}")
+    kiln("intake", "register", str(manifest), "--bootstrap", broker.addr, "--database-url", db_url)
+
+    agent_cfg = tmp_path / "agent.toml"
+    agent_cfg.write_text(
+        f'bootstrap = "{broker.addr}"\ndatabase_url = "{db_url}"\nagent_id = "agent-dl"\n'
+        f'playbook = "{playbook}"\nretry_backoff_ms = 10\nretry_backoff_max_ms = 20\n'
+        f'session_timeout_ms = 6000\n[kafka]\n"heartbeat.interval.ms" = "500"\n')
+    log = tmp_path / "agent.log"
+    with open(log, "wb") as f:
+        agent = subprocess.Popen([kiln_bin(), "agent", "--config", str(agent_cfg)],
+                                 stdin=subprocess.DEVNULL, stdout=f, stderr=f, env=clean_env())
+    try:
+        deadline = time.monotonic() + 120
+        want = {**{h: "dead_lettered" for h in FAILING}, PASSING[0]: "passed"}
+        while True:
+            states = {}
+            for host in want:
+                cp = kiln("nodes", "show", host, "--json", "--database-url", db_url, check=False)
+                states[host] = json.loads(cp.stdout)["node"]["state"] if cp.returncode == 0 else None
+            if states == want:
+                break
+            assert agent.poll() is None, f"agent exited\n{log.read_text()[-4000:]}"
+            assert time.monotonic() < deadline, f"states {states}\n{log.read_text()[-4000:]}"
+            time.sleep(0.3)
+        # The dead letters are on the topic once the agent committed past their runs.
+        deadline = time.monotonic() + 30
+        while dlq_high(broker) < 2:
+            assert time.monotonic() < deadline, "dead letters not on kiln.nodes.dlq"
+            time.sleep(0.2)
+    finally:
+        agent.terminate()
+        agent.wait(timeout=15)
+
+
+def dlq_high(broker) -> int:
+    from confluent_kafka import TopicPartition
+    c = rdk_consumer(broker)
+    try:
+        return c.get_watermark_offsets(TopicPartition("kiln.nodes.dlq", 0), timeout=10,
+                                       cached=False)[1]
+    finally:
+        c.close()
+
+
+def committed_deadletter(broker) -> int:
+    from confluent_kafka import TopicPartition
+    c = rdk_consumer(broker, **{"group.id": "deadletter"})
+    try:
+        return c.committed([TopicPartition("kiln.nodes.dlq", 0)], timeout=10)[0].offset
+    finally:
+        c.close()
+
+
+def parts(raw: bytes):
+    msg = email.message_from_bytes(raw, policy=email.policy.default)
+    assert msg.get_content_type() == "multipart/alternative", msg.get_content_type()
+    kinds = [p.get_content_type() for p in msg.iter_parts()]
+    assert kinds == ["text/plain", "text/html"], kinds
+    text = msg.get_body(preferencelist=("plain",)).get_content()
+    html = msg.get_body(preferencelist=("html",)).get_content()
+    return msg, text, html
+
+
+def test_daily_report_email_once_per_day(broker, tmp_path, smtp_server):
+    db_url = f"sqlite://{tmp_path / 'kiln.db'}"
+    dead_letter_two_nodes(broker, tmp_path, db_url)
+    assert dlq_high(broker) == 2
+
+    inbox, port = smtp_server()
+    config = write_config(tmp_path / "deadletter.toml", broker, db_url, port)
+    log = tmp_path / "deadletter.log"
+    svc = Service(config, log)
+    try:
+        inbox.wait(1, 90, svc.text)
+        svc.wait_log("report sent", 10)
+        # The triage records were stored before their offsets were committed.
+        deadline = time.monotonic() + 15
+        while committed_deadletter(broker) != 2:
+            assert time.monotonic() < deadline, "group deadletter did not commit past both"
+            time.sleep(0.2)
+        time.sleep(2)
+        assert inbox.count() == 1, "a second email from the same service"
+    finally:
+        svc.stop()
+
+    msg, text, html = parts(inbox.messages[0])
+    assert msg["Subject"].startswith("[kiln] dead letters ")
+    assert msg["Subject"].endswith(": 2 new, 0 still open")
+    assert msg["To"] == "oncall@example.test"
+    for host, (rack, bmc, check, message, action) in FAILING.items():
+        for part in (text, html):
+            for needle in (host, rack, bmc, check, action):
+                assert needle in part, f"{needle!r} not in the report:\n{part}"
+        assert message in text
+        assert f"{check} fail (failed 10/10 attempts; {action})" in text
+        assert "\"scripted\":\"Fail\"" in text and "measured: {" in text
+    assert "attempts 10" in text
+    assert "== Rack rack-east ==" in text and "== Rack rack-west ==" in text
+    assert text.index("rack-east") < text.index("gpu-e-01") < text.index("rack-west")
+    assert PASSING[0] not in text, "a node that passed is not in the report"
+    assert "<table" in html and "Rack rack-west</h2>" in html
+
+    # Same day: --send-now does not send again, nor does a restarted service.
+    cp = kiln("deadletter", "report", "--send-now", "--config", str(config))
+    assert "not sent: the report of" in cp.stdout and "already sent" in cp.stdout, cp.stdout
+    svc = Service(config, log)
+    try:
+        svc.wait_log("report already sent (or claimed) today", 60)
+        svc.wait_log("next report", 10)
+        time.sleep(1)
+    finally:
+        svc.stop()
+    assert inbox.count() == 1, "a second email the same day"
+
+    # The dry run shows the current report (text and HTML) and sends nothing.
+    cp = kiln("deadletter", "report", "--dry-run", "--config", str(config))
+    assert "gpu-e-01" in cp.stdout and "reseat/replace GPU" in cp.stdout
+    cp = kiln("deadletter", "report", "--dry-run", "--html", "--config", str(config))
+    assert cp.stdout.startswith("<!DOCTYPE html>") and "gpu-w-01" in cp.stdout
+    assert inbox.count() == 1
+
+
+def make_cert(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for 127.0.0.1, made with openssl."""
+    def run(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=tmp_path)
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+        "-days", "2", "-subj", "/CN=kiln test CA")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "srv.key", "-out", "srv.csr",
+        "-subj", "/CN=127.0.0.1")
+    (tmp_path / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    run("x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", "srv.pem", "-days", "2", "-extfile", "ext.cnf")
+    return tmp_path / "ca.pem", tmp_path / "srv.pem", tmp_path / "srv.key"
+
+
+def test_send_now_over_starttls_with_auth(tmp_path, smtp_server, broker):
+    from aiosmtpd.smtp import AuthResult
+
+    ca, cert, key = make_cert(tmp_path)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(cert), str(key))
+    logins = []
+
+    def authenticator(server, session, envelope, mechanism, auth_data):
+        ok = auth_data.login == b"kiln" and auth_data.password == b"s3cret"
+        logins.append((mechanism, auth_data.login, ok))
+        return AuthResult(success=ok)
+
+    inbox, port = smtp_server(tls_context=ctx, require_starttls=True, authenticator=authenticator,
+                              auth_required=True)
+    db_url = f"sqlite://{tmp_path / 'kiln.db'}"
+    pw = tmp_path / "smtp-password"
+    pw.write_text("s3cret\n")
+    config = write_config(tmp_path / "dl.toml", broker, db_url, port,
+                          f'username = "kiln"\npassword_file = "{pw}"\nca_file = "{ca}"\n')
+    text = config.read_text().replace('security = "plain"', 'security = "starttls"')
+    config.write_text(text)
+    cp = kiln("deadletter", "report", "--send-now", "--config", str(config))
+    assert "sent the report of" in cp.stdout, cp.stdout
+    assert inbox.count() == 1
+    assert logins and logins[-1][1:] == (b"kiln", True), logins
+    _msg, body, _html = parts(inbox.messages[0])
+    assert "No node is dead-lettered." in body
+
+    # A wrong password: no email, a clear error, and the day stays free. (aiosmtpd stalls
+    # after a failed AUTH, so this also shows the exchange is bounded by smtp.timeout_ms.)
+    pw.write_text("wrong\n")
+    other = tmp_path / "kiln2.db"
+    config.write_text(text.replace(str(tmp_path / "kiln.db"), str(other))
+                      .replace("timeout_ms = 10000", "timeout_ms = 3000"))
+    cp = kiln("deadletter", "report", "--send-now", "--config", str(config), check=False)
+    assert cp.returncode != 0 and "SMTP" in cp.stderr, cp.stderr
+    assert inbox.count() == 1
