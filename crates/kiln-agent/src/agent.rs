@@ -345,6 +345,13 @@ pub async fn run_agent(
         t.abort();
     }
     shared.store.close().await;
+    // Dropping the consumer blocks until librdkafka has left the group (and the producer until
+    // it is destroyed). Done on a blocking thread: on an async worker it would also stall the
+    // tasks queued behind it on that worker, such as the handler of this very LeaveGroup when
+    // the broker runs in the same process (`kiln demo`, tests) — a 5 s stall per agent.
+    if let Err(e) = tokio::task::spawn_blocking(move || drop((consumer, shared))).await {
+        tracing::warn!(error = %e, "closing the Kafka clients failed");
+    }
     tracing::info!("agent stopped");
     result
 }

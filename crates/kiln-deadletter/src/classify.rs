@@ -81,7 +81,10 @@ pub fn classify_check(name: &str, message: &str, measured: &serde_json::Value) -
         .iter()
         .any(|p| name.starts_with(p));
     if nic {
-        return if mentions(&FIRMWARE_WORDS) {
+        // Only the message counts here: NIC checks always list the firmware they saw among
+        // their measured values, so those would make every NIC failure a firmware one.
+        let message = message.to_ascii_lowercase();
+        return if FIRMWARE_WORDS.iter().any(|w| message.contains(w)) {
             ActionClass::Firmware
         } else {
             ActionClass::NicCable
@@ -228,5 +231,18 @@ mod tests {
             assert_eq!(ActionClass::parse(class.as_str()), class);
         }
         assert_eq!(ActionClass::parse("bogus"), Unknown);
+    }
+
+    #[test]
+    fn nic_firmware_listed_among_measured_values_is_not_a_firmware_finding() {
+        let measured = json!({"hcas": [{"name": "mlx5_8", "fw_ver": "20.31.2354"}]});
+        assert_eq!(
+            classify_check("infiniband", "mlx5_8 port 1: state \"2: INIT\"", &measured),
+            ActionClass::NicCable
+        );
+        assert_eq!(
+            classify_check("infiniband", "mlx5_8 fw_ver 20.1 not allowed", &measured),
+            ActionClass::Firmware
+        );
     }
 }

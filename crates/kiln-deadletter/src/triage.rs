@@ -63,11 +63,7 @@ pub fn triage_record(dl: &DeadLetter, history: Option<&NodeHistory>, now_ms: i64
         // No check results (e.g. the whole run timed out): the last error's words decide.
         classify_check("", &dl.last_error, &serde_json::Value::Null)
     } else {
-        classify_node(
-            failing_checks
-                .iter()
-                .map(|c| crate::classify::ActionClass::parse(&c.action)),
-        )
+        node_action(&failing_checks)
     };
     TriageRecord {
         hostname: msg.node.hostname.clone(),
@@ -83,6 +79,36 @@ pub fn triage_record(dl: &DeadLetter, history: Option<&NodeHistory>, now_ms: i64
         failing_checks,
         recorded_at_ms: now_ms,
         first_reported_day: None,
+    }
+}
+
+/// The node's class. Checks that measured something wrong (`fail`) decide; checks that could
+/// not run (`error`: unreachable, timed out) only decide when nothing was measured at all. A
+/// node on which nothing could be measured while its BMC did not answer either is a BMC (or
+/// its network) problem first: every GPU or NIC check erroring then says nothing of the GPUs.
+fn node_action(checks: &[FailingCheck]) -> crate::classify::ActionClass {
+    use crate::classify::ActionClass;
+    let classes = |verdict: Option<&str>| {
+        classify_node(
+            checks
+                .iter()
+                .filter(|c| verdict.is_none_or(|v| c.verdict == v))
+                .map(|c| ActionClass::parse(&c.action)),
+        )
+    };
+    if checks
+        .iter()
+        .any(|c| c.verdict == CheckVerdict::Fail.as_str())
+    {
+        return classes(Some(CheckVerdict::Fail.as_str()));
+    }
+    let bmc_silent = checks
+        .iter()
+        .any(|c| c.name.starts_with("bmc") || c.name.starts_with("redfish"));
+    if bmc_silent {
+        ActionClass::Bmc
+    } else {
+        classes(None)
     }
 }
 
@@ -197,5 +223,37 @@ mod tests {
         assert!(bare.failing_checks.is_empty());
         assert_eq!(bare.first_failure_at_ms, 2000);
         assert_eq!(bare.action, "gpu", "from the last error's words");
+    }
+
+    fn failing(name: &str, verdict: CheckVerdict, action: &str) -> FailingCheck {
+        FailingCheck {
+            name: name.into(),
+            verdict: verdict.as_str().into(),
+            message: "m".into(),
+            measured: json!({}),
+            failed_attempts: 1,
+            action: action.into(),
+        }
+    }
+
+    #[test]
+    fn measured_failures_outrank_checks_that_could_not_run() {
+        use crate::classify::ActionClass;
+        // A timed-out GPU diag beside a measured link failure: the measurement decides.
+        let mixed = [
+            failing("dcgm_diag", CheckVerdict::Error, "gpu"),
+            failing("infiniband", CheckVerdict::Fail, "nic_cable"),
+        ];
+        assert_eq!(node_action(&mixed), ActionClass::NicCable);
+        // Nothing answered, BMC included: the BMC (or its network) first, not the GPUs.
+        let unreachable = [
+            failing("bmc_health", CheckVerdict::Error, "bmc"),
+            failing("gpu_ecc", CheckVerdict::Error, "gpu"),
+            failing("infiniband", CheckVerdict::Error, "nic_cable"),
+        ];
+        assert_eq!(node_action(&unreachable), ActionClass::Bmc);
+        // Only errors, BMC fine: the usual order over the errors.
+        let hung = [failing("dcgm_diag", CheckVerdict::Error, "gpu")];
+        assert_eq!(node_action(&hung), ActionClass::Gpu);
     }
 }

@@ -5,6 +5,7 @@ mod broker_address;
 mod broker_cmd;
 mod dashboard_cmd;
 mod deadletter_cmd;
+mod demo_cmd;
 mod groups_cmd;
 mod intake_cmd;
 mod nodes_cmd;
@@ -35,6 +36,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The whole job in one process on embedded defaults: broker, store, simulated fleet with
+    /// injected faults, intake, agents, dead-letter email (to a file) and the dashboard.
+    Demo(demo_cmd::DemoArgs),
     /// Run a broker.
     Broker(broker_cmd::BrokerArgs),
     /// Create, list, describe and delete topics.
@@ -63,7 +67,13 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log.as_deref());
+    // The demo draws live progress and ends with a summary; service logs would scroll it
+    // away, so only errors show unless a filter is asked for.
+    let default_filter = match cli.command {
+        Command::Demo(_) => "error",
+        _ => "info",
+    };
+    init_logging(cli.log.as_deref(), default_filter);
     // The probe is synchronous and prints its own exit code; no runtime needed.
     if let Command::Probe(args) = &cli.command {
         return probe_cmd::run(args);
@@ -80,6 +90,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
+            Command::Demo(args) => demo_cmd::run(args).await,
             Command::Broker(args) => broker_cmd::run(args).await,
             Command::Topics(args) => topics_cmd::run(args).await,
             Command::Groups(args) => groups_cmd::run(args).await,
@@ -103,12 +114,12 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(filter: Option<&str>) {
+fn init_logging(filter: Option<&str>, default_filter: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = filter
         .map(EnvFilter::new)
         .or_else(|| EnvFilter::try_from_default_env().ok())
-        .unwrap_or_else(|| EnvFilter::new("info"));
+        .unwrap_or_else(|| EnvFilter::new(default_filter));
     use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
