@@ -10,6 +10,7 @@ mod groups_cmd;
 mod intake_cmd;
 mod nodes_cmd;
 mod platform_args;
+mod playbook_cmd;
 mod probe_cmd;
 mod settings;
 mod sim_cmd;
@@ -59,6 +60,8 @@ enum Command {
     Status(status_cmd::StatusArgs),
     /// Serve the operators' web dashboard: racks, nodes, checks, dead letters, consumer lag.
     Dashboard(dashboard_cmd::DashboardArgs),
+    /// Validate playbooks, or run one's checks on this machine (local shell).
+    Playbook(playbook_cmd::PlaybookArgs),
     /// On a GPU node: read NVML and the kernel log, print one JSON document.
     Probe(probe_cmd::ProbeArgs),
     /// Serve a simulated fleet on loopback (SSH + Redfish per node, injected faults).
@@ -90,23 +93,27 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Demo(args) => demo_cmd::run(args).await,
-            Command::Broker(args) => broker_cmd::run(args).await,
-            Command::Topics(args) => topics_cmd::run(args).await,
-            Command::Groups(args) => groups_cmd::run(args).await,
-            Command::Intake(args) => intake_cmd::run(args).await,
-            Command::Agent(args) => agent_cmd::run(args).await,
-            Command::Nodes(args) => nodes_cmd::run_nodes(args).await,
-            Command::Dlq(args) => nodes_cmd::run_dlq(args).await,
-            Command::Deadletter(args) => deadletter_cmd::run(args).await,
-            Command::Status(args) => status_cmd::run(args).await,
-            Command::Dashboard(args) => dashboard_cmd::run(args).await,
-            Command::Sim(args) => sim_cmd::run(args).await,
-            Command::Probe(_) => unreachable_probe(),
+            Command::Demo(args) => demo_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Broker(args) => broker_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Topics(args) => topics_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Groups(args) => groups_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Intake(args) => intake_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Agent(args) => agent_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Nodes(args) => nodes_cmd::run_nodes(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Dlq(args) => nodes_cmd::run_dlq(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Deadletter(args) => {
+                deadletter_cmd::run(args).await.map(|()| ExitCode::SUCCESS)
+            }
+            Command::Status(args) => status_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Dashboard(args) => dashboard_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Sim(args) => sim_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
+            // Its exit status tells pass, fail and could-not-measure apart.
+            Command::Playbook(args) => playbook_cmd::run(args).await,
+            Command::Probe(_) => unreachable_probe().map(|()| ExitCode::SUCCESS),
         }
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
