@@ -1,0 +1,297 @@
+//! The file abstraction the log store writes through: a real file with fsync, or a simulated
+//! one that models the page cache (written but not yet synced data is lost on a crash).
+
+use std::fs::{File, OpenOptions};
+use std::future::Future;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// A boxed future, so [`Disk`] stays object safe.
+pub type SyncFuture = Pin<Box<dyn Future<Output = io::Result<()>> + Send>>;
+
+/// One append-only file. Writes land in the page cache; only [`Disk::sync`] makes them durable.
+pub trait Disk: Send + Sync + 'static {
+    /// Everything in the file (read once, at recovery).
+    fn read_all(&self) -> io::Result<Vec<u8>>;
+    /// Appends at the end of the file, without syncing.
+    fn append(&self, bytes: &[u8]) -> io::Result<()>;
+    /// Cuts the file to `len` bytes, without syncing.
+    fn truncate(&self, len: u64) -> io::Result<()>;
+    /// Resolves once everything written (and truncated) so far is on disk.
+    fn sync(&self) -> SyncFuture;
+}
+
+/// A real file: `pwrite` appends, `fdatasync` (on a blocking thread) for sync.
+pub struct FileDisk {
+    path: PathBuf,
+    file: Arc<File>,
+    len: Mutex<u64>,
+}
+
+impl FileDisk {
+    /// Opens or creates `path`. A newly created file's directory entry is fsynced too.
+    pub fn open(path: &Path) -> io::Result<FileDisk> {
+        let existed = path.exists();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        if !existed {
+            file.sync_all()?;
+            if let Some(dir) = path.parent() {
+                File::open(dir)?.sync_all()?;
+            }
+        }
+        let len = file.metadata()?.len();
+        Ok(FileDisk {
+            path: path.to_path_buf(),
+            file: Arc::new(file),
+            len: Mutex::new(len),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn len_guard(&self) -> MutexGuard<'_, u64> {
+        self.len.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Disk for FileDisk {
+    fn read_all(&self) -> io::Result<Vec<u8>> {
+        let len = *self.len_guard();
+        let mut buf = vec![0u8; usize::try_from(len).map_err(io::Error::other)?];
+        self.file.read_exact_at(&mut buf, 0)?;
+        Ok(buf)
+    }
+
+    fn append(&self, bytes: &[u8]) -> io::Result<()> {
+        let mut len = self.len_guard();
+        if let Err(e) = self.file.write_all_at(bytes, *len) {
+            // Cut a partial write back so the next append starts at a record boundary.
+            let _ = self.file.set_len(*len);
+            return Err(e);
+        }
+        *len += bytes.len() as u64;
+        Ok(())
+    }
+
+    fn truncate(&self, new_len: u64) -> io::Result<()> {
+        let mut len = self.len_guard();
+        self.file.set_len(new_len)?;
+        *len = new_len;
+        Ok(())
+    }
+
+    fn sync(&self) -> SyncFuture {
+        let file = Arc::clone(&self.file);
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || file.sync_data())
+                .await
+                .map_err(io::Error::other)?
+        })
+    }
+}
+
+/// What a simulated disk does when asked to sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncBehaviour {
+    /// Sync makes everything written so far durable (a correct disk).
+    Honest,
+    /// Sync returns success but only makes durable what was written before the *previous*
+    /// sync (a disk with a volatile write cache that lies). For showing that the checker
+    /// catches lost acknowledged records; never a model of a good disk.
+    LyingWriteCache,
+}
+
+#[derive(Debug, Default)]
+struct SimFileState {
+    /// What a crash leaves (plus possibly a torn prefix of the unsynced tail).
+    synced: Vec<u8>,
+    /// What reads see: the page cache.
+    current: Vec<u8>,
+    /// For [`SyncBehaviour::LyingWriteCache`]: the contents at the last sync call.
+    at_last_sync: Vec<u8>,
+    /// Incremented on every crash; handles of an older incarnation fail.
+    incarnation: u64,
+    syncs: u64,
+}
+
+/// A simulated file shared by every incarnation of one replica. Sync takes `sync_delay` of
+/// (virtual) time; a crash ([`SimDisk::crash`]) drops everything not synced, except a prefix
+/// of the unsynced appended bytes of the crash's choosing (a torn write).
+#[derive(Clone)]
+pub struct SimDisk {
+    state: Arc<Mutex<SimFileState>>,
+    incarnation: u64,
+    sync_delay: Duration,
+    behaviour: SyncBehaviour,
+}
+
+fn crashed() -> io::Error {
+    io::Error::new(io::ErrorKind::BrokenPipe, "simulated machine crashed")
+}
+
+impl SimDisk {
+    pub fn new(sync_delay: Duration, behaviour: SyncBehaviour) -> SimDisk {
+        SimDisk {
+            state: Arc::new(Mutex::new(SimFileState::default())),
+            incarnation: 0,
+            sync_delay,
+            behaviour,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SimFileState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn live(&self) -> io::Result<MutexGuard<'_, SimFileState>> {
+        let state = self.lock();
+        if state.incarnation != self.incarnation {
+            return Err(crashed());
+        }
+        Ok(state)
+    }
+
+    /// Power loss: the page cache is gone. `keep_torn` picks how many of the unsynced appended
+    /// bytes happened to reach the platter (given their count; 0 keeps none). Returns the
+    /// handle for the next incarnation; this one fails from now on.
+    pub fn crash(&self, keep_torn: impl FnOnce(usize) -> usize) -> SimDisk {
+        let mut state = self.lock();
+        let synced_len = state.synced.len();
+        let extends = state.current.len() >= synced_len
+            && state.current.get(..synced_len) == Some(state.synced.as_slice());
+        let mut survived = state.synced.clone();
+        if extends {
+            let extra = state.current.len() - synced_len;
+            let keep = keep_torn(extra).min(extra);
+            survived.extend_from_slice(&state.current[synced_len..synced_len + keep]);
+        }
+        state.current = survived.clone();
+        state.at_last_sync = survived.clone();
+        state.synced = survived;
+        state.incarnation += 1;
+        SimDisk {
+            state: Arc::clone(&self.state),
+            incarnation: state.incarnation,
+            sync_delay: self.sync_delay,
+            behaviour: self.behaviour,
+        }
+    }
+
+    /// Bytes durable now.
+    pub fn synced_len(&self) -> usize {
+        self.lock().synced.len()
+    }
+
+    /// Bytes written (page cache).
+    pub fn written_len(&self) -> usize {
+        self.lock().current.len()
+    }
+
+    /// Sync calls that completed, over all incarnations.
+    pub fn syncs(&self) -> u64 {
+        self.lock().syncs
+    }
+}
+
+impl Disk for SimDisk {
+    fn read_all(&self) -> io::Result<Vec<u8>> {
+        Ok(self.live()?.current.clone())
+    }
+
+    fn append(&self, bytes: &[u8]) -> io::Result<()> {
+        self.live()?.current.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn truncate(&self, len: u64) -> io::Result<()> {
+        let mut state = self.live()?;
+        let len = usize::try_from(len).map_err(io::Error::other)?;
+        state.current.truncate(len);
+        Ok(())
+    }
+
+    fn sync(&self) -> SyncFuture {
+        let disk = self.clone();
+        Box::pin(async move {
+            drop(disk.live()?);
+            tokio::time::sleep(disk.sync_delay).await;
+            let mut state = disk.live()?;
+            state.syncs += 1;
+            match disk.behaviour {
+                SyncBehaviour::Honest => state.synced = state.current.clone(),
+                SyncBehaviour::LyingWriteCache => {
+                    let now = state.current.clone();
+                    state.synced = std::mem::replace(&mut state.at_last_sync, now);
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn crash_drops_unsynced_data_and_keeps_a_torn_prefix() {
+        let disk = SimDisk::new(Duration::from_millis(1), SyncBehaviour::Honest);
+        disk.append(b"hello").unwrap();
+        disk.sync().await.unwrap();
+        disk.append(b" world").unwrap();
+        assert_eq!(disk.read_all().unwrap(), b"hello world");
+        let after = disk.crash(|extra| {
+            assert_eq!(extra, 6);
+            2
+        });
+        assert_eq!(after.read_all().unwrap(), b"hello w");
+        // The old incarnation can no longer write.
+        assert!(disk.append(b"x").is_err());
+        assert!(disk.sync().await.is_err());
+        // A truncation that was not synced is undone by a crash.
+        after.sync().await.unwrap();
+        after.truncate(1).unwrap();
+        let again = after.crash(|_| 0);
+        assert_eq!(again.read_all().unwrap(), b"hello w");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lying_disk_loses_the_last_synced_write() {
+        let disk = SimDisk::new(Duration::from_millis(1), SyncBehaviour::LyingWriteCache);
+        disk.append(b"a").unwrap();
+        disk.sync().await.unwrap();
+        disk.append(b"b").unwrap();
+        disk.sync().await.unwrap();
+        let after = disk.crash(|_| 0);
+        assert_eq!(after.read_all().unwrap(), b"a");
+    }
+
+    #[tokio::test]
+    async fn file_disk_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let disk = FileDisk::open(&path).unwrap();
+        disk.append(b"abc").unwrap();
+        disk.append(b"def").unwrap();
+        disk.sync().await.unwrap();
+        disk.truncate(4).unwrap();
+        disk.sync().await.unwrap();
+        drop(disk);
+        let disk = FileDisk::open(&path).unwrap();
+        assert_eq!(disk.read_all().unwrap(), b"abcd");
+        disk.append(b"!").unwrap();
+        assert_eq!(disk.read_all().unwrap(), b"abcd!");
+    }
+}
