@@ -16,13 +16,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use axum::extract::State as AxumState;
-use axum::http::header;
-use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::Router;
 use kiln_checks::Verdict;
-use kiln_prom::{Exposition, Histogram, Kind, CONTENT_TYPE};
+use kiln_prom::{Exposition, Histogram, Kind};
 use kiln_store::NodeState;
 use tokio::net::TcpListener;
 
@@ -245,21 +240,7 @@ pub async fn bind(value: &str) -> anyhow::Result<Option<TcpListener>> {
 }
 
 pub async fn serve(listener: TcpListener, metrics: Arc<AgentMetrics>) {
-    let address = listener
-        .local_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
-    tracing::info!(%address, "serving metrics on http://{address}/metrics");
-    let app = Router::new()
-        .route("/metrics", get(scrape))
-        .with_state(metrics);
-    if let Err(e) = axum::serve(listener, app).await {
-        tracing::error!(error = %e, "metrics endpoint stopped");
-    }
-}
-
-async fn scrape(AxumState(metrics): AxumState<Arc<AgentMetrics>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, CONTENT_TYPE)], metrics.render())
+    kiln_prom::serve(listener, move || metrics.render()).await;
 }
 
 #[cfg(test)]

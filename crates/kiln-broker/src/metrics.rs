@@ -10,44 +10,16 @@ mod topics;
 
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::Router;
-use kiln_prom::{Exposition, CONTENT_TYPE};
+use kiln_prom::Exposition;
 use tokio::net::TcpListener;
 
 use crate::groups::lag;
 use crate::server::Broker;
 
+/// Rendering reads record timestamps from disk (lag) and the size of every segment;
+/// `kiln_prom::serve` runs it on the blocking pool, off the async workers.
 pub async fn serve(listener: TcpListener, broker: Arc<Broker>) {
-    let address = listener
-        .local_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
-    tracing::info!(%address, "serving metrics on http://{address}/metrics");
-    let app = Router::new()
-        .route("/metrics", get(metrics))
-        .with_state(broker);
-    if let Err(e) = axum::serve(listener, app).await {
-        tracing::error!(error = %e, "metrics endpoint stopped");
-    }
-}
-
-async fn metrics(State(broker): State<Arc<Broker>>) -> impl IntoResponse {
-    // Lag reads record timestamps from disk and sizes come from every segment: off the workers.
-    match tokio::task::spawn_blocking(move || render(&broker)).await {
-        Ok(body) => (StatusCode::OK, [(header::CONTENT_TYPE, CONTENT_TYPE)], body),
-        Err(e) => {
-            tracing::error!(error = %e, "computing metrics failed");
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                [(header::CONTENT_TYPE, CONTENT_TYPE)],
-                "metrics computation failed\n".to_string(),
-            )
-        }
-    }
+    kiln_prom::serve(listener, move || render(&broker)).await;
 }
 
 fn render(broker: &Broker) -> String {

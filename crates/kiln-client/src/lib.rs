@@ -4,7 +4,10 @@
 //!
 //! One [`Connection`] is one TCP connection. It negotiates versions with
 //! ApiVersions on connect and picks, per API, the highest version both sides
-//! support. Requests may be pipelined with [`Connection::into_split`].
+//! support. Requests may be pipelined with [`Connection::into_split`]. [`admin`] holds the
+//! group and offset reads that `kiln groups` and the dashboard share.
+
+pub mod admin;
 
 use std::collections::HashMap;
 use std::time::Duration;

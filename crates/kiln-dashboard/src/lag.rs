@@ -8,22 +8,10 @@
 //! The history lives only in memory (a bounded ring per series, see [`LagHistory`]): it
 //! starts when the dashboard starts.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
-use anyhow::{bail, Context};
-use kiln_client::kafka_protocol::messages::list_offsets_request::{
-    ListOffsetsPartition, ListOffsetsTopic,
-};
-use kiln_client::kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-use kiln_client::kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestGroup;
-use kiln_client::kafka_protocol::messages::{
-    ApiKey, BrokerId, FindCoordinatorRequest, GroupId, ListGroupsRequest, ListOffsetsRequest,
-    MetadataRequest, OffsetFetchRequest, RequestKind, ResponseKind, TopicName,
-};
-use kiln_client::kafka_protocol::protocol::StrBytes;
-use kiln_client::kafka_protocol::ResponseError;
-use kiln_client::Connection;
+use kiln_client::admin::{error_name, Cluster, Leaders, EARLIEST, LATEST};
 
 /// The burn-in agents' group and topic: always sampled.
 pub const BURNIN_GROUP: &str = "burnin";
@@ -112,86 +100,66 @@ impl LagHistory {
     }
 }
 
-fn s(text: &str) -> StrBytes {
-    StrBytes::from_string(text.to_string())
-}
-
-fn error_name(code: i16) -> String {
-    ResponseError::try_from_code(code).map_or_else(|| format!("error {code}"), |e| format!("{e:?}"))
-}
-
 /// Takes lag samples; keeps connections to the brokers it has talked to between samples.
 pub struct LagSampler {
-    bootstrap: String,
-    timeout: Duration,
-    conns: HashMap<String, Connection>,
+    cluster: Cluster,
 }
 
 impl LagSampler {
     pub fn new(bootstrap: impl Into<String>, timeout: Duration) -> LagSampler {
         LagSampler {
-            bootstrap: bootstrap.into(),
-            timeout,
-            conns: HashMap::new(),
+            cluster: Cluster::new(bootstrap, timeout),
         }
-    }
-
-    async fn conn(&mut self, address: &str) -> anyhow::Result<&mut Connection> {
-        if !self.conns.contains_key(address) {
-            let conn = Connection::connect(address, self.timeout)
-                .await
-                .with_context(|| format!("connecting to {address}"))?;
-            self.conns.insert(address.to_string(), conn);
-        }
-        match self.conns.get_mut(address) {
-            Some(c) => Ok(c),
-            None => bail!("no connection to {address}"),
-        }
-    }
-
-    /// A request to `address`; a failed connection is dropped so the next sample reconnects.
-    async fn call(&mut self, address: &str, body: RequestKind) -> anyhow::Result<ResponseKind> {
-        let timeout = self.timeout;
-        let result = self.conn(address).await?.call(body, timeout).await;
-        if result.is_err() {
-            self.conns.remove(address);
-        }
-        result.with_context(|| format!("request to {address}"))
-    }
-
-    async fn version(&mut self, address: &str, api: ApiKey) -> anyhow::Result<i16> {
-        Ok(self.conn(address).await?.versions().pick(api)?)
     }
 
     /// One sample of every group's lag.
     pub async fn sample(&mut self) -> anyhow::Result<Vec<LagReading>> {
-        let mut groups: BTreeSet<String> = self.list_groups().await?.into_iter().collect();
+        let mut groups: BTreeSet<String> = self
+            .cluster
+            .list_groups()
+            .await?
+            .into_iter()
+            .map(|g| g.group_id)
+            .collect();
         groups.insert(BURNIN_GROUP.to_string());
         let mut committed: BTreeMap<SeriesKey, i64> = BTreeMap::new();
         for group in &groups {
-            let coordinator = match self.coordinator(group).await {
+            let coordinator = match self.cluster.coordinator(group).await {
                 Ok(c) => c,
                 // A group the coordinator does not know yet has nothing committed.
                 Err(e) if group == BURNIN_GROUP => {
                     tracing::debug!("lag: no coordinator for {group}: {e:#}");
                     continue;
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             };
-            for ((topic, partition), offset) in self.committed(&coordinator, group).await? {
+            let offsets = self.cluster.committed(&coordinator, group, None).await?;
+            // A partition whose offset could not be read is skipped rather than failing the
+            // whole sample; the next sample asks again.
+            for c in offsets.into_iter().filter(|c| c.error_code == 0) {
+                if c.offset < 0 {
+                    continue;
+                }
                 let key = SeriesKey {
                     group: group.clone(),
-                    topic,
-                    partition,
+                    topic: c.topic,
+                    partition: c.partition,
                 };
-                committed.insert(key, offset);
+                committed.insert(key, c.offset);
             }
         }
         let mut topics: BTreeSet<String> = committed.keys().map(|k| k.topic.clone()).collect();
         topics.insert(NODES_TOPIC.to_string());
-        let metadata = self.metadata(&topics).await?;
+        // Unknown topics (kiln.nodes not created yet, a deleted topic) are left out.
+        let leaders: BTreeMap<String, Leaders> = self
+            .cluster
+            .metadata(topics.iter().map(String::as_str))
+            .await?
+            .into_iter()
+            .filter_map(|(topic, leaders)| Some((topic, leaders.ok()?)))
+            .collect();
         // burnin on every partition of kiln.nodes, committed or not.
-        if let Some(parts) = metadata.get(NODES_TOPIC) {
+        if let Some(parts) = leaders.get(NODES_TOPIC) {
             for p in parts.keys() {
                 let key = SeriesKey {
                     group: BURNIN_GROUP.to_string(),
@@ -201,18 +169,18 @@ impl LagSampler {
                 committed.entry(key).or_insert(-1);
             }
         }
-        let mut wanted: BTreeMap<(String, i32), ()> = BTreeMap::new();
-        for k in committed.keys() {
-            wanted.insert((k.topic.clone(), k.partition), ());
-        }
-        let wanted: Vec<(String, i32)> = wanted.into_keys().collect();
-        let ends = self.list_offsets(&metadata, &wanted, -1).await?;
+        let wanted: BTreeSet<(String, i32)> = committed
+            .keys()
+            .map(|k| (k.topic.clone(), k.partition))
+            .collect();
+        let wanted: Vec<(String, i32)> = wanted.into_iter().collect();
+        let ends = self.offsets(&leaders, &wanted, LATEST).await?;
         let uncommitted: Vec<(String, i32)> = committed
             .iter()
             .filter(|(_, o)| **o < 0)
             .map(|(k, _)| (k.topic.clone(), k.partition))
             .collect();
-        let starts = self.list_offsets(&metadata, &uncommitted, -2).await?;
+        let starts = self.offsets(&leaders, &uncommitted, EARLIEST).await?;
         let mut out = Vec::with_capacity(committed.len());
         for (key, offset) in committed {
             let tp = (key.topic.clone(), key.partition);
@@ -233,215 +201,26 @@ impl LagSampler {
         Ok(out)
     }
 
-    async fn list_groups(&mut self) -> anyhow::Result<Vec<String>> {
-        let bootstrap = self.bootstrap.clone();
-        let ResponseKind::ListGroups(r) = self
-            .call(
-                &bootstrap,
-                RequestKind::ListGroups(ListGroupsRequest::default()),
-            )
-            .await?
-        else {
-            bail!("unexpected response to ListGroups");
-        };
-        if r.error_code != 0 {
-            bail!("ListGroups failed: {}", error_name(r.error_code));
-        }
-        Ok(r.groups.iter().map(|g| g.group_id.0.to_string()).collect())
-    }
-
-    async fn coordinator(&mut self, group: &str) -> anyhow::Result<String> {
-        let bootstrap = self.bootstrap.clone();
-        let version = self.version(&bootstrap, ApiKey::FindCoordinator).await?;
-        let request = if version >= 4 {
-            FindCoordinatorRequest::default().with_coordinator_keys(vec![s(group)])
-        } else {
-            FindCoordinatorRequest::default().with_key(s(group))
-        };
-        let ResponseKind::FindCoordinator(r) = self
-            .call(&bootstrap, RequestKind::FindCoordinator(request))
-            .await?
-        else {
-            bail!("unexpected response to FindCoordinator");
-        };
-        let (error, host, port) = match r.coordinators.first() {
-            Some(c) if version >= 4 => (c.error_code, c.host.to_string(), c.port),
-            _ => (r.error_code, r.host.to_string(), r.port),
-        };
-        if error != 0 {
-            bail!("no coordinator for group {group:?}: {}", error_name(error));
-        }
-        Ok(format!("{host}:{port}"))
-    }
-
-    /// (topic, partition) -> committed offset, for every partition the group committed.
-    async fn committed(
+    /// ListOffsets for `partitions`; a partition its leader answered with an error is left
+    /// out (logged), as if its topic were gone.
+    async fn offsets(
         &mut self,
-        coordinator: &str,
-        group: &str,
-    ) -> anyhow::Result<BTreeMap<(String, i32), i64>> {
-        let version = self.version(coordinator, ApiKey::OffsetFetch).await?;
-        // Topics `None` (not the default empty list) asks for every committed partition.
-        let request = if version >= 8 {
-            OffsetFetchRequest::default().with_groups(vec![OffsetFetchRequestGroup::default()
-                .with_group_id(GroupId(s(group)))
-                .with_topics(None)])
-        } else {
-            OffsetFetchRequest::default()
-                .with_group_id(GroupId(s(group)))
-                .with_topics(None)
-        };
-        let ResponseKind::OffsetFetch(r) = self
-            .call(coordinator, RequestKind::OffsetFetch(request))
-            .await?
-        else {
-            bail!("unexpected response to OffsetFetch");
-        };
-        let mut out = BTreeMap::new();
-        let mut add = |topic: String, partition: i32, offset: i64, code: i16| {
-            if code == 0 && offset >= 0 {
-                out.insert((topic, partition), offset);
-            }
-        };
-        if version >= 8 {
-            for g in &r.groups {
-                if g.error_code != 0 {
-                    bail!("OffsetFetch of {group:?}: {}", error_name(g.error_code));
-                }
-                for t in &g.topics {
-                    for p in &t.partitions {
-                        add(
-                            t.name.0.to_string(),
-                            p.partition_index,
-                            p.committed_offset,
-                            p.error_code,
-                        );
-                    }
-                }
-            }
-        } else {
-            if r.error_code != 0 {
-                bail!("OffsetFetch of {group:?}: {}", error_name(r.error_code));
-            }
-            for t in &r.topics {
-                for p in &t.partitions {
-                    add(
-                        t.name.0.to_string(),
-                        p.partition_index,
-                        p.committed_offset,
-                        p.error_code,
-                    );
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// topic -> partition -> leader address, for the topics that exist.
-    async fn metadata(
-        &mut self,
-        topics: &BTreeSet<String>,
-    ) -> anyhow::Result<BTreeMap<String, BTreeMap<i32, String>>> {
-        let bootstrap = self.bootstrap.clone();
-        let request = MetadataRequest::default().with_topics(Some(
-            topics
-                .iter()
-                .map(|t| MetadataRequestTopic::default().with_name(Some(TopicName(s(t)))))
-                .collect(),
-        ));
-        let ResponseKind::Metadata(m) = self
-            .call(&bootstrap, RequestKind::Metadata(request))
-            .await?
-        else {
-            bail!("unexpected response to Metadata");
-        };
-        let brokers: HashMap<i32, String> = m
-            .brokers
-            .iter()
-            .map(|b| (b.node_id.0, format!("{}:{}", b.host.as_str(), b.port)))
-            .collect();
-        let mut out = BTreeMap::new();
-        for t in &m.topics {
-            let Some(name) = &t.name else { continue };
-            // Unknown topics (kiln.nodes not created yet, a deleted topic) are left out.
-            if t.error_code != 0 {
-                continue;
-            }
-            let parts = t
-                .partitions
-                .iter()
-                .map(|p| {
-                    let leader = brokers
-                        .get(&p.leader_id.0)
-                        .cloned()
-                        .unwrap_or_else(|| bootstrap.clone());
-                    (p.partition_index, leader)
-                })
-                .collect();
-            out.insert(name.0.to_string(), parts);
-        }
-        Ok(out)
-    }
-
-    /// ListOffsets (`-1` latest, `-2` earliest) for `partitions`, asked of each leader.
-    async fn list_offsets(
-        &mut self,
-        metadata: &BTreeMap<String, BTreeMap<i32, String>>,
+        leaders: &BTreeMap<String, Leaders>,
         partitions: &[(String, i32)],
         timestamp: i64,
-    ) -> anyhow::Result<HashMap<(String, i32), i64>> {
-        let mut by_leader: BTreeMap<String, BTreeMap<String, Vec<i32>>> = BTreeMap::new();
-        for (topic, p) in partitions {
-            let Some(leader) = metadata.get(topic).and_then(|ps| ps.get(p)) else {
-                continue;
-            };
-            by_leader
-                .entry(leader.clone())
-                .or_default()
-                .entry(topic.clone())
-                .or_default()
-                .push(*p);
-        }
-        let mut out = HashMap::new();
-        for (leader, topics) in by_leader {
-            let request = ListOffsetsRequest::default()
-                .with_replica_id(BrokerId(-1))
-                .with_topics(
-                    topics
-                        .iter()
-                        .map(|(t, ps)| {
-                            ListOffsetsTopic::default()
-                                .with_name(TopicName(s(t)))
-                                .with_partitions(
-                                    ps.iter()
-                                        .map(|&p| {
-                                            ListOffsetsPartition::default()
-                                                .with_partition_index(p)
-                                                .with_timestamp(timestamp)
-                                        })
-                                        .collect(),
-                                )
-                        })
-                        .collect(),
-                );
-            let ResponseKind::ListOffsets(r) = self
-                .call(&leader, RequestKind::ListOffsets(request))
-                .await?
-            else {
-                bail!("unexpected response to ListOffsets");
-            };
-            for t in &r.topics {
-                for p in &t.partitions {
-                    if p.error_code != 0 {
-                        tracing::debug!(
-                            "lag: ListOffsets {}/{}: {}",
-                            t.name.0.as_str(),
-                            p.partition_index,
-                            error_name(p.error_code)
-                        );
-                        continue;
-                    }
-                    out.insert((t.name.0.to_string(), p.partition_index), p.offset);
+    ) -> anyhow::Result<BTreeMap<(String, i32), i64>> {
+        let answered = self
+            .cluster
+            .list_offsets(leaders, partitions, timestamp)
+            .await?;
+        let mut out = BTreeMap::new();
+        for ((topic, partition), offset) in answered {
+            match offset {
+                Ok(offset) => {
+                    out.insert((topic, partition), offset);
+                }
+                Err(code) => {
+                    tracing::debug!("lag: ListOffsets {topic}/{partition}: {}", error_name(code));
                 }
             }
         }

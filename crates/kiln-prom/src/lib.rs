@@ -5,8 +5,17 @@
 //!
 //! The writer keeps the rules that parsers check: one `# HELP` and `# TYPE` per family before
 //! its samples, label values escaped, histogram buckets cumulative and ending in `+Inf`.
+//! [`serve`] is the `GET /metrics` endpoint itself, the same for the broker and the agents.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use tokio::net::TcpListener;
 
 /// The `Content-Type` of the text format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -198,6 +207,42 @@ impl Histogram {
     }
 }
 
+/// Renders one exposition document per scrape.
+type Render = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// Serves `GET /metrics` on `listener` until the server stops, each scrape answered with what
+/// `render` returns at that moment. Rendering runs on the blocking pool: the broker's reads
+/// record timestamps from disk and sizes every segment, which must not stall async workers.
+pub async fn serve(listener: TcpListener, render: impl Fn() -> String + Send + Sync + 'static) {
+    let address = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    tracing::info!(%address, "serving metrics on http://{address}/metrics");
+    let render: Render = Arc::new(render);
+    let app = Router::new()
+        .route("/metrics", get(scrape))
+        .with_state(render);
+    if let Err(e) = axum::serve(listener, app).await {
+        tracing::error!(error = %e, "metrics endpoint stopped");
+    }
+}
+
+async fn scrape(State(render): State<Render>) -> impl IntoResponse {
+    match tokio::task::spawn_blocking(move || render()).await {
+        Ok(body) => (StatusCode::OK, [(header::CONTENT_TYPE, CONTENT_TYPE)], body),
+        // A panic while rendering: answer the scrape rather than drop the connection.
+        Err(e) => {
+            tracing::error!(error = %e, "computing metrics failed");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                [(header::CONTENT_TYPE, CONTENT_TYPE)],
+                "metrics computation failed\n".to_string(),
+            )
+        }
+    }
+}
+
 /// A label value with `\`, `"` and newlines escaped.
 pub fn escape_label(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
@@ -230,6 +275,7 @@ fn le_label(bound: f64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
@@ -252,6 +298,60 @@ mod tests {
              # HELP kiln_up Up.\n# TYPE kiln_up gauge\nkiln_up +Inf\n\
              # HELP kiln_ratio Ratio.\n# TYPE kiln_ratio gauge\nkiln_ratio 0.25\n"
         );
+    }
+
+    /// One HTTP/1.1 GET over a raw socket: the whole response, headers and body.
+    async fn get(address: std::net::SocketAddr, path: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        response
+    }
+
+    #[tokio::test]
+    async fn serves_each_scrape_rendered_then() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let counted = std::sync::atomic::AtomicU64::new(0);
+        let server = tokio::spawn(serve(listener, move || {
+            let n = counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            let mut e = Exposition::new();
+            e.single("kiln_scrapes_total", Kind::Counter, "Scrapes.", n);
+            e.finish()
+        }));
+        for n in 1..=2 {
+            let response = get(address, "/metrics").await;
+            assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+            let content_type = format!("content-type: {CONTENT_TYPE}");
+            assert!(
+                response.to_ascii_lowercase().contains(&content_type),
+                "{response}"
+            );
+            assert!(
+                response.ends_with(&format!("\nkiln_scrapes_total {n}\n")),
+                "{response}"
+            );
+        }
+        let missing = get(address, "/other").await;
+        assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn a_failed_render_answers_500() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve(listener, || panic!("render failed")));
+        let response = get(address, "/metrics").await;
+        assert!(response.starts_with("HTTP/1.1 500"), "{response}");
+        assert!(
+            response.ends_with("metrics computation failed\n"),
+            "{response}"
+        );
+        server.abort();
     }
 
     #[test]

@@ -3,29 +3,22 @@
 //! DeleteGroups), so it works against Apache Kafka and Redpanda as well as Kiln.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::Duration;
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
 use clap::{ArgGroup, Args, Subcommand};
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
-use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::offset_commit_request::{
     OffsetCommitRequestPartition, OffsetCommitRequestTopic,
 };
-use kafka_protocol::messages::offset_fetch_request::{
-    OffsetFetchRequestGroup, OffsetFetchRequestTopic, OffsetFetchRequestTopics,
-};
 use kafka_protocol::messages::{
-    ApiKey, BrokerId, ConsumerProtocolAssignment, DeleteGroupsRequest, DescribeGroupsRequest,
-    FetchRequest, FindCoordinatorRequest, GroupId, ListGroupsRequest, ListOffsetsRequest,
-    MetadataRequest, OffsetCommitRequest, OffsetFetchRequest, RequestKind, ResponseKind, TopicName,
+    BrokerId, ConsumerProtocolAssignment, DeleteGroupsRequest, DescribeGroupsRequest, FetchRequest,
+    GroupId, OffsetCommitRequest, RequestKind, ResponseKind, TopicName,
 };
-use kafka_protocol::protocol::{Decodable, StrBytes};
+use kafka_protocol::protocol::Decodable;
 use kafka_protocol::records::RecordBatchDecoder;
 use kafka_protocol::ResponseError;
-use kiln_client::Connection;
+use kiln_client::admin::{error_name, str_bytes as s, Cluster, Leaders, EARLIEST, LATEST};
 
 use crate::broker_address::BrokerAddress;
 
@@ -105,204 +98,63 @@ pub async fn run(args: GroupsArgs) -> anyhow::Result<()> {
     }
 }
 
-fn s(text: &str) -> StrBytes {
-    StrBytes::from_string(text.to_string())
-}
-
-fn error_name(code: i16) -> String {
-    ResponseError::try_from_code(code).map_or_else(|| format!("error {code}"), |e| format!("{e:?}"))
-}
-
-/// Connections to the bootstrap broker, the group coordinator and partition leaders.
-struct Cluster {
-    bootstrap: String,
-    timeout: Duration,
-    conns: HashMap<String, Connection>,
-}
-
-impl Cluster {
-    fn new(bootstrap: String, timeout: Duration) -> Self {
-        Self {
-            bootstrap,
-            timeout,
-            conns: HashMap::new(),
-        }
-    }
-
-    async fn call(&mut self, address: &str, body: RequestKind) -> anyhow::Result<ResponseKind> {
-        if !self.conns.contains_key(address) {
-            let conn = Connection::connect(address, self.timeout)
-                .await
-                .with_context(|| format!("connecting to {address}"))?;
-            self.conns.insert(address.to_string(), conn);
-        }
-        let Some(conn) = self.conns.get_mut(address) else {
-            bail!("no connection to {address}");
-        };
-        Ok(conn.call(body, self.timeout).await?)
-    }
-
-    async fn version(&mut self, address: &str, api: ApiKey) -> anyhow::Result<i16> {
-        if !self.conns.contains_key(address) {
-            let conn = Connection::connect(address, self.timeout)
-                .await
-                .with_context(|| format!("connecting to {address}"))?;
-            self.conns.insert(address.to_string(), conn);
-        }
-        match self.conns.get(address) {
-            Some(conn) => Ok(conn.versions().pick(api)?),
-            None => bail!("no connection to {address}"),
-        }
-    }
-
-    async fn coordinator(&mut self, group: &str) -> anyhow::Result<String> {
-        let bootstrap = self.bootstrap.clone();
-        let version = self.version(&bootstrap, ApiKey::FindCoordinator).await?;
-        let request = if version >= 4 {
-            FindCoordinatorRequest::default().with_coordinator_keys(vec![s(group)])
-        } else {
-            FindCoordinatorRequest::default().with_key(s(group))
-        };
-        let ResponseKind::FindCoordinator(r) = self
-            .call(&bootstrap, RequestKind::FindCoordinator(request))
-            .await?
-        else {
-            bail!("unexpected response to FindCoordinator");
-        };
-        let (error, host, port) = match r.coordinators.first() {
-            Some(c) if version >= 4 => (c.error_code, c.host.to_string(), c.port),
-            _ => (r.error_code, r.host.to_string(), r.port),
-        };
-        if error != 0 {
-            bail!(
-                "cannot find the coordinator of group {group:?}: {}",
-                error_name(error)
-            );
-        }
-        Ok(format!("{host}:{port}"))
-    }
-
-    /// Partition -> leader address for one topic.
-    async fn leaders(&mut self, topic: &str) -> anyhow::Result<BTreeMap<i32, String>> {
-        let bootstrap = self.bootstrap.clone();
-        let request = MetadataRequest::default().with_topics(Some(vec![
-            MetadataRequestTopic::default().with_name(Some(TopicName(s(topic)))),
-        ]));
-        let ResponseKind::Metadata(m) = self
-            .call(&bootstrap, RequestKind::Metadata(request))
-            .await?
-        else {
-            bail!("unexpected response to Metadata");
-        };
-        let brokers: HashMap<i32, String> = m
-            .brokers
-            .iter()
-            .map(|b| (b.node_id.0, format!("{}:{}", b.host.as_str(), b.port)))
-            .collect();
-        let Some(t) = m.topics.first() else {
-            bail!("the broker returned no metadata for topic {topic:?}");
-        };
-        if t.error_code != 0 {
-            bail!("topic {topic:?}: {}", error_name(t.error_code));
-        }
-        Ok(t.partitions
-            .iter()
-            .map(|p| {
-                let leader = brokers
-                    .get(&p.leader_id.0)
-                    .cloned()
-                    .unwrap_or_else(|| bootstrap.clone());
-                (p.partition_index, leader)
-            })
-            .collect())
-    }
-
-    /// ListOffsets (earliest -2, latest -1, or a timestamp) for some partitions of a topic:
-    /// partition -> offset (-1 when no record has a timestamp that late).
-    async fn list_offsets(
-        &mut self,
-        topic: &str,
-        partitions: &[i32],
-        timestamp: i64,
-    ) -> anyhow::Result<BTreeMap<i32, i64>> {
-        let leaders = self.leaders(topic).await?;
-        let mut by_leader: BTreeMap<String, Vec<i32>> = BTreeMap::new();
-        for p in partitions {
-            let leader = leaders
-                .get(p)
-                .cloned()
-                .unwrap_or_else(|| self.bootstrap.clone());
-            by_leader.entry(leader).or_default().push(*p);
-        }
-        let mut out = BTreeMap::new();
-        for (leader, ps) in by_leader {
-            let request = ListOffsetsRequest::default()
-                .with_replica_id(BrokerId(-1))
-                .with_topics(vec![ListOffsetsTopic::default()
-                    .with_name(TopicName(s(topic)))
-                    .with_partitions(
-                        ps.iter()
-                            .map(|&p| {
-                                ListOffsetsPartition::default()
-                                    .with_partition_index(p)
-                                    .with_timestamp(timestamp)
-                            })
-                            .collect(),
-                    )]);
-            let ResponseKind::ListOffsets(r) = self
-                .call(&leader, RequestKind::ListOffsets(request))
-                .await?
-            else {
-                bail!("unexpected response to ListOffsets");
-            };
-            for p in r.topics.iter().flat_map(|t| t.partitions.iter()) {
-                if p.error_code != 0 {
-                    bail!(
-                        "{topic}/{}: ListOffsets failed: {}",
-                        p.partition_index,
-                        error_name(p.error_code)
-                    );
-                }
-                out.insert(p.partition_index, p.offset);
+/// ListOffsets at `timestamp` for some partitions of one topic whose `leaders` are known:
+/// partition -> offset (-1 when no record has a timestamp that late). Any partition's error
+/// fails the whole call, as a reset must not go ahead on a guess.
+async fn list_offsets(
+    cluster: &mut Cluster,
+    topic: &str,
+    leaders: &Leaders,
+    partitions: &[i32],
+    timestamp: i64,
+) -> anyhow::Result<BTreeMap<i32, i64>> {
+    let leaders = BTreeMap::from([(topic.to_string(), leaders.clone())]);
+    let wanted: Vec<(String, i32)> = partitions.iter().map(|p| (topic.to_string(), *p)).collect();
+    let mut out = BTreeMap::new();
+    for ((_, p), offset) in cluster.list_offsets(&leaders, &wanted, timestamp).await? {
+        match offset {
+            Ok(offset) => {
+                out.insert(p, offset);
             }
+            Err(code) => bail!("{topic}/{p}: ListOffsets failed: {}", error_name(code)),
         }
-        Ok(out)
     }
+    Ok(out)
+}
 
-    /// The timestamp of the record at `offset` (Fetch from the leader; for batches this client
-    /// cannot decode, the batch's first timestamp).
-    async fn record_timestamp(
-        &mut self,
-        leader: &str,
-        topic: &str,
-        partition: i32,
-        offset: i64,
-    ) -> anyhow::Result<Option<i64>> {
-        let request = FetchRequest::default()
-            .with_replica_id(BrokerId(-1))
-            .with_max_wait_ms(0)
-            .with_min_bytes(0)
-            .with_max_bytes(256 * 1024)
-            .with_topics(vec![FetchTopic::default()
-                .with_topic(TopicName(s(topic)))
-                .with_partitions(vec![FetchPartition::default()
-                    .with_partition(partition)
-                    .with_fetch_offset(offset)
-                    .with_partition_max_bytes(256 * 1024)])]);
-        let ResponseKind::Fetch(r) = self.call(leader, RequestKind::Fetch(request)).await? else {
-            bail!("unexpected response to Fetch");
-        };
-        let Some(p) = r.responses.first().and_then(|t| t.partitions.first()) else {
-            return Ok(None);
-        };
-        if p.error_code != 0 {
-            return Ok(None);
-        }
-        let Some(records) = p.records.clone() else {
-            return Ok(None);
-        };
-        Ok(first_timestamp_at(records, offset))
+/// The timestamp of the record at `offset` (Fetch from the leader; for batches this client
+/// cannot decode, the batch's first timestamp).
+async fn record_timestamp(
+    cluster: &mut Cluster,
+    leader: &str,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+) -> anyhow::Result<Option<i64>> {
+    let request = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(0)
+        .with_min_bytes(0)
+        .with_max_bytes(256 * 1024)
+        .with_topics(vec![FetchTopic::default()
+            .with_topic(TopicName(s(topic)))
+            .with_partitions(vec![FetchPartition::default()
+                .with_partition(partition)
+                .with_fetch_offset(offset)
+                .with_partition_max_bytes(256 * 1024)])]);
+    let ResponseKind::Fetch(r) = cluster.call(leader, RequestKind::Fetch(request)).await? else {
+        bail!("unexpected response to Fetch");
+    };
+    let Some(p) = r.responses.first().and_then(|t| t.partitions.first()) else {
+        return Ok(None);
+    };
+    if p.error_code != 0 {
+        return Ok(None);
     }
+    let Some(records) = p.records.clone() else {
+        return Ok(None);
+    };
+    Ok(first_timestamp_at(records, offset))
 }
 
 fn first_timestamp_at(records: Bytes, offset: i64) -> Option<i64> {
@@ -332,34 +184,15 @@ fn first_timestamp_at(records: Bytes, offset: i64) -> Option<i64> {
 }
 
 async fn list(cluster: &mut Cluster) -> anyhow::Result<()> {
-    let bootstrap = cluster.bootstrap.clone();
-    let version = cluster.version(&bootstrap, ApiKey::ListGroups).await?;
-    let ResponseKind::ListGroups(r) = cluster
-        .call(
-            &bootstrap,
-            RequestKind::ListGroups(ListGroupsRequest::default()),
-        )
-        .await?
-    else {
-        bail!("unexpected response to ListGroups");
-    };
-    if r.error_code != 0 {
-        bail!("ListGroups failed: {}", error_name(r.error_code));
-    }
-    let mut groups: Vec<_> = r.groups.iter().collect();
-    groups.sort_by(|a, b| a.group_id.0.cmp(&b.group_id.0));
+    let mut groups = cluster.list_groups().await?;
+    groups.sort_by(|a, b| a.group_id.cmp(&b.group_id));
     println!("{:<40}  {:<20}  PROTOCOL-TYPE", "GROUP", "STATE");
     for g in groups {
-        let state = if version >= 4 {
-            g.group_state.as_str()
-        } else {
-            "?"
-        };
         println!(
             "{:<40}  {:<20}  {}",
-            g.group_id.0.as_str(),
-            state,
-            g.protocol_type.as_str()
+            g.group_id,
+            g.state.as_deref().unwrap_or("?"),
+            g.protocol_type
         );
     }
     Ok(())
@@ -440,91 +273,23 @@ fn decode_assignment(bytes: &Bytes) -> Vec<(String, i32)> {
 }
 
 /// Committed offsets of a group: (topic, partition) -> (offset, metadata). `topics` None = all.
+/// Any partition's error fails the call: a partial table would read as "nothing committed".
 async fn committed(
     cluster: &mut Cluster,
     coordinator: &str,
     group: &str,
     topics: Option<&BTreeMap<String, Vec<i32>>>,
 ) -> anyhow::Result<BTreeMap<(String, i32), (i64, String)>> {
-    let version = cluster.version(coordinator, ApiKey::OffsetFetch).await?;
-    let request = if version >= 8 {
-        OffsetFetchRequest::default().with_groups(vec![OffsetFetchRequestGroup::default()
-            .with_group_id(GroupId(s(group)))
-            .with_topics(topics.map(|ts| {
-                ts.iter()
-                    .map(|(t, ps)| {
-                        OffsetFetchRequestTopics::default()
-                            .with_name(TopicName(s(t)))
-                            .with_partition_indexes(ps.clone())
-                    })
-                    .collect()
-            }))])
-    } else {
-        OffsetFetchRequest::default()
-            .with_group_id(GroupId(s(group)))
-            .with_topics(topics.map(|ts| {
-                ts.iter()
-                    .map(|(t, ps)| {
-                        OffsetFetchRequestTopic::default()
-                            .with_name(TopicName(s(t)))
-                            .with_partition_indexes(ps.clone())
-                    })
-                    .collect()
-            }))
-    };
-    let ResponseKind::OffsetFetch(r) = cluster
-        .call(coordinator, RequestKind::OffsetFetch(request))
-        .await?
-    else {
-        bail!("unexpected response to OffsetFetch");
-    };
     let mut out = BTreeMap::new();
-    let check = |code: i16| -> anyhow::Result<()> {
-        if code != 0 {
+    for c in cluster.committed(coordinator, group, topics).await? {
+        if c.error_code != 0 {
             bail!(
                 "OffsetFetch for group {group:?} failed: {}",
-                error_name(code)
+                error_name(c.error_code)
             );
         }
-        Ok(())
-    };
-    if version >= 8 {
-        for g in &r.groups {
-            check(g.error_code)?;
-            for t in &g.topics {
-                for p in &t.partitions {
-                    check(p.error_code)?;
-                    if p.committed_offset >= 0 {
-                        let meta = p
-                            .metadata
-                            .as_ref()
-                            .map(|m| m.to_string())
-                            .unwrap_or_default();
-                        out.insert(
-                            (t.name.0.to_string(), p.partition_index),
-                            (p.committed_offset, meta),
-                        );
-                    }
-                }
-            }
-        }
-    } else {
-        check(r.error_code)?;
-        for t in &r.topics {
-            for p in &t.partitions {
-                check(p.error_code)?;
-                if p.committed_offset >= 0 {
-                    let meta = p
-                        .metadata
-                        .as_ref()
-                        .map(|m| m.to_string())
-                        .unwrap_or_default();
-                    out.insert(
-                        (t.name.0.to_string(), p.partition_index),
-                        (p.committed_offset, meta),
-                    );
-                }
-            }
+        if c.offset >= 0 {
+            out.insert((c.topic, c.partition), (c.offset, c.metadata));
         }
     }
     Ok(out)
@@ -600,12 +365,15 @@ async fn describe(cluster: &mut Cluster, group: &str) -> anyhow::Result<()> {
     let now = now_ms();
     for (topic, ps) in &partitions {
         let ps: Vec<i32> = ps.iter().copied().collect();
-        let (ends, leaders) = match (
-            cluster.list_offsets(topic, &ps, -1).await,
-            cluster.leaders(topic).await,
-        ) {
-            (Ok(e), Ok(l)) => (e, l),
-            (Err(e), _) | (_, Err(e)) => {
+        let read = match cluster.leaders(topic).await {
+            Ok(leaders) => list_offsets(cluster, topic, &leaders, &ps, LATEST)
+                .await
+                .map(|ends| (ends, leaders)),
+            Err(e) => Err(e.into()),
+        };
+        let (ends, leaders) = match read {
+            Ok(read) => read,
+            Err(e) => {
                 println!("{topic:<30}  (cannot read the topic: {e:#})");
                 continue;
             }
@@ -620,7 +388,7 @@ async fn describe(cluster: &mut Cluster, group: &str) -> anyhow::Result<()> {
             let lag_seconds = match (committed, lag, leaders.get(&p)) {
                 (Some(c), Some(l), Some(leader)) if l > 0 => {
                     let leader = leader.clone();
-                    match cluster.record_timestamp(&leader, topic, p, c).await {
+                    match record_timestamp(cluster, &leader, topic, p, c).await {
                         Ok(Some(ts)) => format!("{:.1}", (now - ts).max(0) as f64 / 1000.0),
                         _ => "?".to_string(),
                     }
@@ -684,10 +452,12 @@ async fn reset_offsets(
         }
         only.to_vec()
     };
-    let earliest = cluster.list_offsets(topic, &partitions, -2).await?;
-    let latest = cluster.list_offsets(topic, &partitions, -1).await?;
+    let earliest = list_offsets(cluster, topic, &leaders, &partitions, EARLIEST).await?;
+    let latest = list_offsets(cluster, topic, &leaders, &partitions, LATEST).await?;
     let by_time = match target {
-        Target::Timestamp(ts) => Some(cluster.list_offsets(topic, &partitions, ts).await?),
+        Target::Timestamp(ts) => {
+            Some(list_offsets(cluster, topic, &leaders, &partitions, ts).await?)
+        }
         _ => None,
     };
     let wanted: BTreeMap<String, Vec<i32>> =
