@@ -123,6 +123,16 @@ struct SimFileState {
     /// Incremented on every crash; handles of an older incarnation fail.
     incarnation: u64,
     syncs: u64,
+    /// Extra latency for the next sync only (see [`SimDisk::stall_next_sync`]).
+    next_sync_stall: Duration,
+}
+
+/// What a crash of one simulated file did.
+pub struct Crashed {
+    /// The handle for the next incarnation.
+    pub disk: SimDisk,
+    /// Bytes the page cache held that did not survive: written but never synced.
+    pub dropped_bytes: usize,
 }
 
 /// A simulated file shared by every incarnation of one replica. Sync takes `sync_delay` of
@@ -134,6 +144,17 @@ pub struct SimDisk {
     incarnation: u64,
     sync_delay: Duration,
     behaviour: SyncBehaviour,
+}
+
+/// Length of the longest common prefix of `a` and `b`.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    // The usual case (one extends the other) in one comparison: the simulation asks this of
+    // every file on every step while it waits for a write in flight.
+    if a.get(..n) == b.get(..n) {
+        return n;
+    }
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 fn crashed() -> io::Error {
@@ -166,6 +187,11 @@ impl SimDisk {
     /// bytes happened to reach the platter (given their count; 0 keeps none). Returns the
     /// handle for the next incarnation; this one fails from now on.
     pub fn crash(&self, keep_torn: impl FnOnce(usize) -> usize) -> SimDisk {
+        self.crash_counting(keep_torn).disk
+    }
+
+    /// [`SimDisk::crash`], also saying how many written bytes the crash dropped.
+    pub fn crash_counting(&self, keep_torn: impl FnOnce(usize) -> usize) -> Crashed {
         let mut state = self.lock();
         let synced_len = state.synced.len();
         let extends = state.current.len() >= synced_len
@@ -176,16 +202,34 @@ impl SimDisk {
             let keep = keep_torn(extra).min(extra);
             survived.extend_from_slice(&state.current[synced_len..synced_len + keep]);
         }
+        let dropped_bytes = state.current.len() - common_prefix(&state.current, &survived);
         state.current = survived.clone();
         state.at_last_sync = survived.clone();
         state.synced = survived;
         state.incarnation += 1;
-        SimDisk {
-            state: Arc::clone(&self.state),
-            incarnation: state.incarnation,
-            sync_delay: self.sync_delay,
-            behaviour: self.behaviour,
+        state.next_sync_stall = Duration::ZERO;
+        Crashed {
+            disk: SimDisk {
+                state: Arc::clone(&self.state),
+                incarnation: state.incarnation,
+                sync_delay: self.sync_delay,
+                behaviour: self.behaviour,
+            },
+            dropped_bytes,
         }
+    }
+
+    /// Bytes written but not yet synced that a crash now could drop (bytes written after an
+    /// unsynced truncation included).
+    pub fn unsynced_len(&self) -> usize {
+        let state = self.lock();
+        state.current.len() - common_prefix(&state.current, &state.synced)
+    }
+
+    /// Makes the next sync take `extra` longer than usual (a slow flush), so that what it
+    /// covers stays unsynced for a while; a crash clears it. `Duration::ZERO` disarms it.
+    pub fn stall_next_sync(&self, extra: Duration) {
+        self.lock().next_sync_stall = extra;
     }
 
     /// Bytes durable now.
@@ -224,8 +268,8 @@ impl Disk for SimDisk {
     fn sync(&self) -> SyncFuture {
         let disk = self.clone();
         Box::pin(async move {
-            drop(disk.live()?);
-            tokio::time::sleep(disk.sync_delay).await;
+            let stall = std::mem::take(&mut disk.live()?.next_sync_stall);
+            tokio::time::sleep(disk.sync_delay + stall).await;
             let mut state = disk.live()?;
             state.syncs += 1;
             match disk.behaviour {
@@ -265,6 +309,35 @@ mod tests {
         after.truncate(1).unwrap();
         let again = after.crash(|_| 0);
         assert_eq!(again.read_all().unwrap(), b"hello w");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn crash_counts_dropped_bytes_and_a_stall_delays_one_sync() {
+        let disk = SimDisk::new(Duration::from_millis(1), SyncBehaviour::Honest);
+        disk.append(b"abcd").unwrap();
+        assert_eq!(disk.unsynced_len(), 4);
+        disk.stall_next_sync(Duration::from_millis(50));
+        let began = tokio::time::Instant::now();
+        disk.sync().await.unwrap();
+        assert_eq!(began.elapsed(), Duration::from_millis(51));
+        assert_eq!(disk.unsynced_len(), 0);
+        // The stall was for one sync only.
+        let began = tokio::time::Instant::now();
+        disk.sync().await.unwrap();
+        assert_eq!(began.elapsed(), Duration::from_millis(1));
+        disk.append(b"efgh").unwrap();
+        let crashed = disk.crash_counting(|extra| extra - 1);
+        assert_eq!(crashed.dropped_bytes, 1);
+        assert_eq!(crashed.disk.read_all().unwrap(), b"abcdefg");
+        // An unsynced truncation followed by a write: the write is what is dropped.
+        let disk = crashed.disk;
+        disk.sync().await.unwrap();
+        disk.truncate(2).unwrap();
+        disk.append(b"XY").unwrap();
+        assert_eq!(disk.unsynced_len(), 2);
+        let crashed = disk.crash_counting(|_| 0);
+        assert_eq!(crashed.dropped_bytes, 2);
+        assert_eq!(crashed.disk.read_all().unwrap(), b"abcdefg");
     }
 
     #[tokio::test(start_paused = true)]

@@ -10,7 +10,10 @@
 //!
 //! Faults: crashes of one replica, power loss of all three (every unsynced write dropped, a
 //! torn prefix of the unsynced tail kept at random), restarts, network partitions (one replica
-//! isolated, or one link cut), healing, message loss, and delay spikes.
+//! isolated, or one link cut), healing, message loss, and delay spikes. Most crashes and power
+//! losses are aimed at a write in flight: the schedule slows the next fsync of the replica it
+//! picked and waits for that replica to hold written but unsynced bytes, since a crash at a
+//! random moment seldom lands between a write and its fsync (the moment that loses data).
 //!
 //! The checker (run after healing everything and waiting for the replicas to converge):
 //! * no acknowledged record lost: every acknowledged batch is in the leader's log at its
@@ -57,6 +60,9 @@ pub struct SimOptions {
     pub fault_ms: u64,
     /// Appends the client starts (spread over `fault_ms`).
     pub appends: usize,
+    /// Percent of crashes and power losses aimed at a write in flight; with 0 every one falls
+    /// at a random moment.
+    pub aimed_percent: u32,
 }
 
 impl SimOptions {
@@ -66,6 +72,7 @@ impl SimOptions {
             sync: SyncBehaviour::Honest,
             fault_ms: 6_000,
             appends: 150,
+            aimed_percent: 75,
         }
     }
 }
@@ -80,8 +87,17 @@ pub struct SimReport {
     pub trace: Vec<String>,
     pub acknowledged: usize,
     pub failed_appends: usize,
+    /// Replica crashes, each replica of a power loss counted.
     pub crashes: usize,
     pub power_losses: usize,
+    /// Crashes the schedule aimed at a write in flight that found one: the schedule waited
+    /// for the replica to hold written but unsynced bytes (in a power loss, each replica that
+    /// held some counts).
+    pub aimed_crashes: usize,
+    /// Crashes that dropped written but unsynced bytes (the log's or the vote's).
+    pub crashes_losing_unsynced: usize,
+    /// Written but unsynced bytes those crashes dropped, in all.
+    pub unsynced_bytes_dropped: u64,
     pub partitions: usize,
     pub leaders: usize,
     pub final_high_watermark: i64,
@@ -451,7 +467,8 @@ impl World {
         ));
     }
 
-    fn crash_node(&mut self, id: NodeId) {
+    /// Crashes replica `id` (if up); `why` goes into the trace.
+    fn crash_node(&mut self, id: NodeId, why: &str) {
         let Some(slot) = self.slots.get_mut(&id) else {
             return;
         };
@@ -459,21 +476,64 @@ impl World {
             return;
         };
         self.router.lock().up.remove(&id);
-        let unsynced = slot.log_disk.written_len()
-            - slot.log_disk.synced_len().min(slot.log_disk.written_len());
+        let unsynced = slot.log_disk.unsynced_len();
+        let vote_unsynced = slot.vote_disk.unsynced_len();
         let keep_log = self.rng.random_range(0..=unsynced);
-        slot.log_disk = slot.log_disk.crash(|_| keep_log);
-        slot.vote_disk = slot.vote_disk.crash(|_| 0);
+        let log = slot.log_disk.crash_counting(|_| keep_log);
+        let vote = slot.vote_disk.crash_counting(|_| 0);
+        slot.log_disk = log.disk;
+        slot.vote_disk = vote.disk;
         if let Some(w) = slot.watcher.take() {
             w.abort();
         }
         let now = self.start.elapsed().as_millis() as u64;
         slot.restart_at = Some(now + self.rng.random_range(100..1500));
         tokio::spawn(async move { replica.shutdown().await });
+        let dropped = log.dropped_bytes + vote.dropped_bytes;
         self.report.crashes += 1;
+        if dropped > 0 {
+            self.report.crashes_losing_unsynced += 1;
+            self.report.unsynced_bytes_dropped += dropped as u64;
+        }
         self.log(format!(
-            "crash replica {id}: {unsynced} unsynced bytes, {keep_log} of them survive"
+            "crash replica {id} ({why}): {unsynced} unsynced log bytes, {keep_log} of them \
+             survive; {vote_unsynced} unsynced vote bytes dropped"
         ));
+    }
+
+    /// Up replicas holding written but unsynced bytes, in either file.
+    fn in_flight(&self) -> Vec<NodeId> {
+        self.slots
+            .iter()
+            .filter(|(_, s)| {
+                s.replica.is_some()
+                    && (s.log_disk.unsynced_len() > 0 || s.vote_disk.unsynced_len() > 0)
+            })
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// Slows the next fsync of `id`'s files by a seeded 2-40 ms (or disarms it), so that the
+    /// write it covers is still unsynced at the next 1 ms step of the fault loop.
+    fn stall_next_sync(&mut self, id: NodeId, arm: bool) {
+        let (log_ms, vote_ms) = if arm {
+            (self.rng.random_range(2..=40), self.rng.random_range(2..=40))
+        } else {
+            (0, 0)
+        };
+        if let Some(slot) = self.slots.get(&id) {
+            slot.log_disk.stall_next_sync(Duration::from_millis(log_ms));
+            slot.vote_disk
+                .stall_next_sync(Duration::from_millis(vote_ms));
+        }
+    }
+
+    fn power_loss(&mut self, why: &str) {
+        self.log(format!("power loss of every replica ({why})"));
+        self.report.power_losses += 1;
+        for id in self.up().iter().map(|r| r.id()).collect::<Vec<_>>() {
+            self.crash_node(id, why);
+        }
     }
 
     fn down(&self) -> Vec<NodeId> {
@@ -483,6 +543,14 @@ impl World {
             .map(|(&id, _)| id)
             .collect()
     }
+}
+
+/// A crash (of `target`) or a power loss (`None`) waiting for a write in flight, until the
+/// virtual ms `until`, when it falls anyway.
+#[derive(Clone, Copy)]
+struct Hunt {
+    target: Option<NodeId>,
+    until: u64,
 }
 
 /// The replica that is leader now, if any (the one in the highest term).
@@ -625,6 +693,7 @@ pub async fn run(opts: SimOptions) -> SimReport {
     let mut next_fault = world.rng.random_range(100..400);
     let mut plan = client_plan.into_iter().peekable();
     let mut spike_until = 0u64;
+    let mut hunt: Option<Hunt> = None;
     // The fault phase, in 1 ms steps of virtual time.
     for now in 0..opts.fault_ms {
         tokio::time::sleep_until(world.start + Duration::from_millis(now)).await;
@@ -663,21 +732,73 @@ pub async fn run(opts: SimOptions) -> SimReport {
             world.router.lock().delay_max_ms = 8;
             world.log("delays back to normal".to_string());
         }
+        // An aimed crash waits (and holds back the other faults) until a write is in flight
+        // on its target, or its time runs out.
+        if let Some(h) = &hunt {
+            let mut in_flight = world.in_flight();
+            let hit = match h.target {
+                Some(id) => {
+                    in_flight.retain(|&x| x == id);
+                    !in_flight.is_empty()
+                }
+                // A power loss waits for two replicas with a write in flight (or the only one
+                // up), so that it drops unsynced data on a majority at once.
+                None => in_flight.len() >= 2.min(world.up().len()).max(1),
+            };
+            if hit || now >= h.until {
+                let h = *h;
+                hunt = None;
+                for id in NODES {
+                    world.stall_next_sync(id, false);
+                }
+                let why = if hit {
+                    "aimed, write in flight"
+                } else {
+                    "aimed, no write came"
+                };
+                match h.target {
+                    Some(id) => world.crash_node(id, why),
+                    None => world.power_loss(why),
+                }
+                if hit {
+                    world.report.aimed_crashes += in_flight.len();
+                }
+                next_fault = now + world.rng.random_range(100..500);
+            }
+            continue;
+        }
         if now >= next_fault {
             next_fault = now + world.rng.random_range(100..500);
             let roll = world.rng.random_range(0..100);
             let up: Vec<NodeId> = world.up().iter().map(|r| r.id()).collect();
             let down = world.down();
+            // Drawn only when aiming is on, so that with it off no fault moves.
+            let aimed =
+                opts.aimed_percent > 0 && world.rng.random_range(0..100) < opts.aimed_percent;
             match roll {
                 0..=24 if !up.is_empty() => {
                     let id = up[world.rng.random_range(0..up.len())];
-                    world.crash_node(id);
+                    if aimed {
+                        world.stall_next_sync(id, true);
+                        hunt = Some(Hunt {
+                            target: Some(id),
+                            until: now + world.rng.random_range(50..400),
+                        });
+                    } else {
+                        world.crash_node(id, "random moment");
+                    }
                 }
                 25..=29 if !up.is_empty() => {
-                    world.log("power loss of every replica".to_string());
-                    world.report.power_losses += 1;
-                    for id in up {
-                        world.crash_node(id);
+                    if aimed {
+                        for &id in &up {
+                            world.stall_next_sync(id, true);
+                        }
+                        hunt = Some(Hunt {
+                            target: None,
+                            until: now + world.rng.random_range(50..400),
+                        });
+                    } else {
+                        world.power_loss("random moment");
                     }
                 }
                 30..=59 if !down.is_empty() => {
@@ -778,7 +899,7 @@ pub async fn run(opts: SimOptions) -> SimReport {
 
     check(&world, &leader, &mut report);
     for id in NODES {
-        world.crash_node(id);
+        world.crash_node(id, "end of run");
     }
     tokio::time::sleep(Duration::from_millis(10)).await;
     report
