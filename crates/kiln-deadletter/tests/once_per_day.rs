@@ -17,18 +17,7 @@ use kiln_store::{BeginRun, CheckResult, CheckVerdict, QueuedNode, RunVerdict, St
 use serde_json::json;
 
 fn spec(host: &str, rack: &str) -> NodeSpec {
-    NodeSpec {
-        hostname: host.into(),
-        rack: rack.into(),
-        bmc_address: format!("10.9.0.{}", host.len()),
-        gpu_model: "H100-SXM".into(),
-        gpu_count: 8,
-        firmware_bmc: "1".into(),
-        firmware_bios: "2".into(),
-        firmware_gpu_vbios: "3".into(),
-        firmware_nic: "4".into(),
-        labels: Default::default(),
-    }
+    kiln_store::testing::sample_node(host, rack)
 }
 
 /// Runs `node` through ten failing attempts of `cycle` (the agent's store calls) and returns

@@ -69,3 +69,20 @@ pub async fn fresh_postgres_database() -> Option<String> {
     let url = opts.database(&name).to_url_lossy();
     Some(url.to_string())
 }
+
+/// A plausible H100 node for tests and benchmarks: BMC `bmc-<host>:443`, 8 GPUs, fixed firmware
+/// levels and one label (`row=3`). Callers change the fields their case is about.
+pub fn sample_node(hostname: &str, rack: &str) -> kiln_manifest::NodeSpec {
+    kiln_manifest::NodeSpec {
+        hostname: hostname.into(),
+        rack: rack.into(),
+        bmc_address: format!("bmc-{hostname}:443"),
+        gpu_model: "H100-SXM".into(),
+        gpu_count: 8,
+        firmware_bmc: "1.10".into(),
+        firmware_bios: "2.3.1".into(),
+        firmware_gpu_vbios: "96.00.74".into(),
+        firmware_nic: "28.39".into(),
+        labels: std::collections::BTreeMap::from([("row".to_string(), "3".to_string())]),
+    }
+}

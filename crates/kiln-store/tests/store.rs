@@ -1,8 +1,6 @@
 //! The results store against real databases: every test runs once on a SQLite file and once
 //! on a PostgreSQL database of the server `scripts/test` starts (KILN_TEST_POSTGRES_URL).
 
-use std::collections::BTreeMap;
-
 use kiln_manifest::NodeSpec;
 use kiln_store::testing::fresh_postgres_database;
 use kiln_store::{
@@ -72,18 +70,7 @@ on_both_backends!(
 );
 
 fn spec(host: &str, rack: &str) -> NodeSpec {
-    NodeSpec {
-        hostname: host.into(),
-        rack: rack.into(),
-        bmc_address: format!("bmc-{host}:443"),
-        gpu_model: "H100-SXM".into(),
-        gpu_count: 8,
-        firmware_bmc: "1.10".into(),
-        firmware_bios: "2.3.1".into(),
-        firmware_gpu_vbios: "96.00.74".into(),
-        firmware_nic: "28.39".into(),
-        labels: BTreeMap::from([("row".to_string(), "3".to_string())]),
-    }
+    kiln_store::testing::sample_node(host, rack)
 }
 
 fn queued(host: &str, rack: &str, cycle: u32) -> QueuedNode {

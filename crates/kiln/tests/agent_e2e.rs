@@ -251,20 +251,7 @@ fn agents_burn_in_retry_dead_letter_and_survive_a_kill() {
     )
     .expect("playbook");
 
-    let reg = Command::new(KILN)
-        .args(["intake", "register"])
-        .arg(&manifest)
-        .args(["--bootstrap", &addr, "--database-url", &db_url])
-        .env_remove("KILN_BOOTSTRAP")
-        .env_remove("KILN_DATABASE_URL")
-        .stdin(Stdio::null())
-        .output()
-        .expect("kiln intake register");
-    assert!(
-        reg.status.success(),
-        "register: {}",
-        String::from_utf8_lossy(&reg.stderr)
-    );
+    common::register_manifest(&manifest, &addr, &db_url);
 
     let mut a = start_agent(dir.path(), "agent-a", &addr, &db_url, &playbook);
     let b = start_agent(dir.path(), "agent-b", &addr, &db_url, &playbook);

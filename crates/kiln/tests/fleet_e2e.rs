@@ -13,7 +13,6 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kiln_agent::{run_agent, AgentConfig, DeadLetter};
@@ -149,20 +148,7 @@ fn real_checks_on_a_simulated_fleet_pass_fail_retry_and_dead_letter() {
     let fleet = rt.block_on(Fleet::start(spec)).expect("simulated fleet");
 
     // The manifest the simulator wrote goes through the real intake CLI.
-    let reg = Command::new(KILN)
-        .args(["intake", "register"])
-        .arg(fleet.manifest_path())
-        .args(["--bootstrap", &addr, "--database-url", &db_url])
-        .env_remove("KILN_BOOTSTRAP")
-        .env_remove("KILN_DATABASE_URL")
-        .stdin(Stdio::null())
-        .output()
-        .expect("kiln intake register");
-    assert!(
-        reg.status.success(),
-        "register: {}",
-        String::from_utf8_lossy(&reg.stderr)
-    );
+    common::register_manifest(fleet.manifest_path(), &addr, &db_url);
 
     let config = fleet.agent_config(AgentConfig {
         bootstrap: addr.clone(),

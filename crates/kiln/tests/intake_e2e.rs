@@ -133,18 +133,7 @@ impl Env {
 }
 
 fn node(host: &str, rack: &str) -> NodeSpec {
-    NodeSpec {
-        hostname: host.into(),
-        rack: rack.into(),
-        bmc_address: format!("bmc-{host}:443"),
-        gpu_model: "H100-SXM".into(),
-        gpu_count: 8,
-        firmware_bmc: "1.10".into(),
-        firmware_bios: "2.3.1".into(),
-        firmware_gpu_vbios: "96.00.74".into(),
-        firmware_nic: "28.39".into(),
-        labels: BTreeMap::from([("row".to_string(), "7".to_string())]),
-    }
+    kiln_store::testing::sample_node(host, rack)
 }
 
 /// Nodes of several racks, interleaved row by row (so order within a rack is a real check).

@@ -70,3 +70,22 @@ pub fn read_records(
     }
     out
 }
+
+/// Registers `manifest` with the real `kiln intake register` against `bootstrap` and the store
+/// at `database_url` (ignoring any KILN_* defaults of the environment) and asserts it succeeded.
+pub fn register_manifest(manifest: &std::path::Path, bootstrap: &str, database_url: &str) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["intake", "register"])
+        .arg(manifest)
+        .args(["--bootstrap", bootstrap, "--database-url", database_url])
+        .env_remove("KILN_BOOTSTRAP")
+        .env_remove("KILN_DATABASE_URL")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("kiln intake register");
+    assert!(
+        out.status.success(),
+        "register: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
