@@ -77,6 +77,16 @@ fn racks() -> [String; 3] {
     out.map(|r| r.expect("three racks on three partitions"))
 }
 
+/// A node with a run of `agent` that has no verdict yet.
+fn open_run_of(hist: &HashMap<String, NodeHistory>, agent: &str) -> Option<String> {
+    hist.iter().find_map(|(host, h)| {
+        h.runs
+            .iter()
+            .any(|r| r.agent == agent && r.verdict.is_none())
+            .then(|| host.clone())
+    })
+}
+
 fn start_agent(dir: &Path, name: &str, broker: &str, db_url: &str, playbook: &Path) -> Agent {
     let cfg = dir.join(format!("{name}.toml"));
     std::fs::write(
@@ -270,16 +280,16 @@ fn agents_burn_in_retry_dead_letter_and_survive_a_kill() {
             .values()
             .map(|h| h.runs.iter().filter(|r| r.verdict.is_some()).count())
             .sum();
-        let running = hist.iter().find_map(|(host, h)| {
-            h.runs
-                .iter()
-                .any(|r| r.agent == "agent-a" && r.verdict.is_none())
-                .then(|| host.clone())
-        });
-        if let (true, Some(host)) = (finished >= 1, running) {
+        if finished >= 1 && open_run_of(&hist, "agent-a").is_some() {
             a.child.kill().expect("SIGKILL agent-a");
             let _ = a.child.wait();
-            break host;
+            // A run may finish between the read above and the kill landing: only a run still
+            // open in the store now was interrupted. Otherwise start agent-a again and retry.
+            if let Some(host) = open_run_of(&histories(&rt, &db_url), "agent-a") {
+                break host;
+            }
+            eprintln!("agent-a finished its run before the kill landed; restarting it");
+            a = start_agent(dir.path(), "agent-a", &addr, &db_url, &playbook);
         }
         std::thread::sleep(Duration::from_millis(50));
     };
