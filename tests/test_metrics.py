@@ -56,8 +56,8 @@ def test_metrics_count_produce_fetch_and_fsync(make_broker, monkeypatch):
     assert families["kiln_produce_records"].type == "counter"
     assert families["kiln_log_fsync_duration_seconds"].type == "histogram"
     assert families["kiln_under_replicated_partitions"].type == "gauge"
-    assert "replication is not configured" in families["kiln_under_replicated_partitions"].documentation
-    assert "replication is not configured" in families["kiln_leader_changes"].documentation
+    assert "standalone broker" in families["kiln_under_replicated_partitions"].documentation
+    assert "standalone broker" in families["kiln_leader_changes"].documentation
     for name in ("kiln_produce_requests_total", "kiln_produce_records_total", "kiln_produce_bytes_total",
                  "kiln_produce_errors_total", "kiln_fetch_requests_total", "kiln_fetch_bytes_total"):
         assert value(before, name, topic=TOPIC) == 0, name

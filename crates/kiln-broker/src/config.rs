@@ -60,6 +60,105 @@ pub struct BrokerConfig {
     pub group_retention_warn_fraction: f64,
     /// While a warning lasts, it is logged again this often.
     pub group_retention_warn_repeat_ms: u64,
+    /// Replication: present, the broker is one of a cluster (see docs/replication.md); absent,
+    /// it runs standalone with one replica per partition.
+    pub cluster: Option<ClusterSettings>,
+}
+
+/// `[cluster]`: who the peers are and how Raft is timed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterSettings {
+    /// Address this broker's Raft listener binds (peers connect to it).
+    pub raft_listen: SocketAddr,
+    /// Every broker of the cluster, this one included, with the same list on every broker.
+    pub peers: Vec<PeerSettings>,
+    /// Replicas per partition for topics created without one (capped at the cluster size).
+    pub default_replication_factor: u16,
+    /// Leader heartbeat interval.
+    pub heartbeat_ms: u64,
+    /// A follower that hears nothing from its leader for `election_timeout_max_ms` (openraft's
+    /// leader lease) plus a random time in this range starts an election: with the defaults a
+    /// dead leader is replaced 0.75-1.0 s after it stopped answering. Keep the lower bound
+    /// several heartbeats long.
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// Longest wait for one Raft message to a peer before it counts as unreachable.
+    pub rpc_timeout_ms: u64,
+    /// Largest Raft entry the produce path builds by joining queued producer batches.
+    pub max_entry_bytes: usize,
+}
+
+/// One `[[cluster.peers]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerSettings {
+    pub id: i32,
+    /// `host:port` Kafka clients use for this broker (its advertised address).
+    pub kafka: String,
+    /// `host:port` of its Raft listener.
+    pub raft: String,
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        Self {
+            raft_listen: SocketAddr::from(([127, 0, 0, 1], 9093)),
+            peers: Vec::new(),
+            default_replication_factor: 3,
+            heartbeat_ms: 50,
+            election_timeout_min_ms: 250,
+            election_timeout_max_ms: 500,
+            rpc_timeout_ms: 2_000,
+            max_entry_bytes: 512 << 10,
+        }
+    }
+}
+
+impl ClusterSettings {
+    /// Checks the peer list and timings; `node_id` is this broker's id.
+    pub fn validate(&self, node_id: i32) -> Result<(), String> {
+        if self.peers.is_empty() {
+            return Err("[cluster] needs at least one [[cluster.peers]] entry".into());
+        }
+        let mut ids = std::collections::BTreeSet::new();
+        for peer in &self.peers {
+            if peer.id < 0 {
+                return Err(format!("cluster peer id must be >= 0, got {}", peer.id));
+            }
+            if !ids.insert(peer.id) {
+                return Err(format!("cluster peer id {} is listed twice", peer.id));
+            }
+            split_host_port(&peer.kafka)
+                .map_err(|e| format!("cluster peer {}: kafka {e}", peer.id))?;
+            split_host_port(&peer.raft)
+                .map_err(|e| format!("cluster peer {}: raft {e}", peer.id))?;
+        }
+        if !ids.contains(&node_id) {
+            return Err(format!(
+                "node_id {node_id} is not among the [[cluster.peers]] ids {ids:?}"
+            ));
+        }
+        if self.default_replication_factor == 0 {
+            return Err("cluster.default_replication_factor must be at least 1".into());
+        }
+        if self.heartbeat_ms == 0
+            || self.election_timeout_min_ms <= self.heartbeat_ms
+            || self.election_timeout_max_ms <= self.election_timeout_min_ms
+        {
+            return Err(format!(
+                "cluster timings must satisfy 0 < heartbeat_ms ({}) < election_timeout_min_ms ({}) < election_timeout_max_ms ({})",
+                self.heartbeat_ms, self.election_timeout_min_ms, self.election_timeout_max_ms
+            ));
+        }
+        if self.rpc_timeout_ms == 0 {
+            return Err("cluster.rpc_timeout_ms must be at least 1".into());
+        }
+        if self.max_entry_bytes < 1024 {
+            return Err("cluster.max_entry_bytes must be at least 1024".into());
+        }
+        Ok(())
+    }
 }
 
 /// The log settings an operator may set in the broker file.
@@ -108,6 +207,7 @@ impl Default for BrokerConfig {
             group_lag_check_interval_ms: 10_000,
             group_retention_warn_fraction: 0.8,
             group_retention_warn_repeat_ms: 300_000,
+            cluster: None,
         }
     }
 }
@@ -198,6 +298,9 @@ impl BrokerConfig {
             }
         }
         self.validate_groups()?;
+        if let Some(cluster) = &self.cluster {
+            cluster.validate(self.node_id)?;
+        }
         split_host_port(&self.advertised()).map(|_| ())
     }
 

@@ -1,4 +1,4 @@
-//! Kiln's single-node Kafka-compatible broker.
+//! Kiln's Kafka-compatible broker: standalone, or one of a replicated cluster (`cluster`).
 //!
 //! `server` accepts connections, `connection` reads frames and keeps responses in
 //! request order, `handlers` answer one API each, `catalog` owns the topics and
@@ -7,6 +7,7 @@
 //! (per-topic counters in `traffic`, fsync timing from `kiln_log::stats`).
 
 mod catalog;
+pub mod cluster;
 pub mod config;
 mod connection;
 mod errors;
@@ -21,5 +22,5 @@ pub mod topic_config;
 pub mod traffic;
 
 pub use catalog::{Catalog, CatalogError, Topic};
-pub use config::{BrokerConfig, LogSettings};
+pub use config::{BrokerConfig, ClusterSettings, LogSettings, PeerSettings};
 pub use server::{BoundBroker, Broker};

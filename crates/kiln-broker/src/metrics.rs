@@ -5,6 +5,7 @@
 //! `deploy/prometheus/kiln-alerts.yml` use them, and a test checks that every name they use is
 //! one this module or the agent's exports.
 
+mod cluster;
 mod groups;
 mod topics;
 
@@ -25,6 +26,9 @@ pub async fn serve(listener: TcpListener, broker: Arc<Broker>) {
 fn render(broker: &Broker) -> String {
     let mut out = Exposition::new();
     groups::render(&mut out, broker, &lag::compute(broker));
-    topics::render(&mut out, broker);
+    match &broker.cluster {
+        Some(c) => cluster::render(&mut out, c),
+        None => topics::render(&mut out, broker),
+    }
     out.finish()
 }

@@ -10,6 +10,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::catalog::Catalog;
+use crate::cluster::{self, Cluster};
 use crate::config::{split_host_port, BrokerConfig};
 use crate::groups::{self, Coordinator};
 use crate::identity::{self, DataDirLock, Identity};
@@ -24,6 +25,8 @@ pub struct Broker {
     pub identity: Identity,
     pub advertised_host: String,
     pub advertised_port: i32,
+    /// Present in cluster mode: replicated topics, the controller and the Raft groups.
+    pub cluster: Option<Arc<Cluster>>,
     _lock: DataDirLock,
 }
 
@@ -53,10 +56,25 @@ impl Broker {
         .await
         .context("catalog recovery task")?
         .context("opening the topic catalog")?;
+        let cluster = match &config.cluster {
+            None => None,
+            Some(settings) => Some(
+                Cluster::start(cluster::StartParams {
+                    node_id: config.node_id,
+                    settings: settings.clone(),
+                    data_dir: config.data_dir.clone(),
+                    log_defaults: config.log.clone(),
+                    default_max_batch_bytes: config.max_batch_bytes,
+                })
+                .await
+                .context("joining the cluster")?,
+            ),
+        };
         let data_dir = config.data_dir.clone();
+        let replicated_offsets = cluster.as_ref().map(|c| c.offsets.clone());
         let (group_config, store_config) = (config.group_config(), config.offsets_store_config());
         let groups = tokio::task::spawn_blocking(move || {
-            groups::open(&data_dir, group_config, store_config)
+            groups::open(&data_dir, group_config, store_config, replicated_offsets)
         })
         .await
         .context("offsets store recovery task")?
@@ -90,6 +108,7 @@ impl Broker {
             identity,
             advertised_host,
             advertised_port,
+            cluster,
             _lock: lock,
         });
         Ok(BoundBroker {
@@ -97,6 +116,39 @@ impl Broker {
             listener,
             metrics_listener,
         })
+    }
+}
+
+impl Broker {
+    /// The bound a committed offset is checked against: the partition's high watermark, or in
+    /// cluster mode, where this broker may only follow the partition (its high watermark can
+    /// trail the leader's), no bound beyond the partition existing. `None`: no such partition.
+    pub fn high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {
+        match &self.cluster {
+            None => self
+                .catalog
+                .get(topic)
+                .and_then(|t| t.partition(partition).map(|log| log.durable_offset())),
+            Some(cluster) => {
+                let t = cluster.topic(topic)?;
+                if partition < 0 || partition >= t.partition_count() {
+                    return None;
+                }
+                match cluster.partition(&t, partition) {
+                    Some(r) if r.is_leader() => Some(r.partition.high_watermark()),
+                    _ => Some(i64::MAX),
+                }
+            }
+        }
+    }
+
+    /// The cluster id clients see: the replicated one in cluster mode once the controller has
+    /// written it, otherwise this broker's own.
+    pub fn cluster_id(&self) -> String {
+        self.cluster
+            .as_ref()
+            .and_then(|c| c.cluster_id())
+            .unwrap_or_else(|| self.identity.cluster_id.clone())
     }
 }
 
@@ -145,6 +197,12 @@ impl BoundBroker {
             broker.config.group_retention_warn_fraction,
             Duration::from_millis(broker.config.group_retention_warn_repeat_ms.max(1)),
         ));
+        let coordinator_task = broker.cluster.as_ref().map(|c| {
+            tokio::spawn(groups::follow_coordinator_leadership(
+                broker.clone(),
+                c.offsets.clone(),
+            ))
+        });
         let metrics_task =
             metrics_listener.map(|l| tokio::spawn(metrics::serve(l, broker.clone())));
         let permits = Arc::new(Semaphore::new(broker.config.max_connections));
@@ -179,6 +237,12 @@ impl BoundBroker {
         lag_alerts.abort();
         if let Some(t) = metrics_task {
             t.abort();
+        }
+        if let Some(t) = coordinator_task {
+            t.abort();
+        }
+        if let Some(cluster) = &broker.cluster {
+            cluster.shutdown().await;
         }
         let closing = broker.clone();
         tokio::task::spawn_blocking(move || {

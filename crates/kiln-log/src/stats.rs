@@ -52,7 +52,8 @@ pub struct FsyncSnapshot {
     pub sum_seconds: f64,
 }
 
-pub(crate) fn record_fsync(took: Duration) {
+/// Records one fsync's duration (also called by kiln-raft's replica log files).
+pub fn record_fsync(took: Duration) {
     let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
     let slot = BUCKET_NANOS
         .iter()

@@ -94,9 +94,15 @@ impl Disk for FileDisk {
     fn sync(&self) -> SyncFuture {
         let file = Arc::clone(&self.file);
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || file.sync_data())
-                .await
-                .map_err(io::Error::other)?
+            tokio::task::spawn_blocking(move || {
+                let started = std::time::Instant::now();
+                let synced = file.sync_data();
+                // The broker's fsync histogram covers replica logs as well as segments.
+                kiln_log::stats::record_fsync(started.elapsed());
+                synced
+            })
+            .await
+            .map_err(io::Error::other)?
         })
     }
 }

@@ -7,17 +7,23 @@
 //! * [`state_machine`]: what applying committed entries does: advance the high watermark.
 //! * [`partition`]: [`ReplicatedPartition`], one replica: append (acknowledged once a majority
 //!   has fsynced), read below the high watermark, leader epoch.
+//! * [`proposer`]: [`Proposer`], the leader's ordered, coalescing append queue.
+//! * [`net`]: Raft RPCs between brokers over TCP: one listener per broker shared by every
+//!   group, a length-prefixed, CRC-checked binary frame per RPC.
 //! * [`sim`]: the deterministic simulation and its invariant checker.
 //!
 //! docs/replication.md has the design.
 
 pub mod disk;
 pub mod log_store;
+pub mod net;
 pub mod offsets;
 pub mod partition;
+pub mod proposer;
 pub mod sim;
 pub mod state_machine;
 pub mod types;
 
 pub use partition::{AppendAck, PartitionError, ReadBatch, ReplicatedPartition};
+pub use proposer::Proposer;
 pub use types::{KilnRaft, NodeId};

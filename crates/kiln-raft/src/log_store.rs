@@ -107,6 +107,13 @@ pub fn record_count(batches: &[u8]) -> Result<u32, kiln_log::LogError> {
 
 pub(crate) fn encode_entry(entry: &Entry) -> Vec<u8> {
     let mut p = Vec::with_capacity(32);
+    encode_entry_payload(entry, &mut p);
+    frame(&p)
+}
+
+/// Appends an entry's payload (a `raft.log` record without its framing) to `p`. The network
+/// transport sends entries in this encoding too, so there is one entry format to keep right.
+pub(crate) fn encode_entry_payload(entry: &Entry, p: &mut Vec<u8>) {
     p.extend_from_slice(&entry.log_id.leader_id.term.to_be_bytes());
     // With one leader per term the log id names the term only; the field is kept for a
     // format that also fits openraft's default (several leaders per term) mode.
@@ -135,7 +142,6 @@ pub(crate) fn encode_entry(entry: &Entry) -> Vec<u8> {
             }
         }
     }
-    frame(&p)
 }
 
 pub(crate) fn decode_entry(payload: &[u8]) -> Option<Entry> {
@@ -181,7 +187,17 @@ fn entry_records(entry: &Entry) -> u32 {
 }
 
 fn encode_vote(vote: &Vote) -> Vec<u8> {
-    let mut p = Vec::with_capacity(18);
+    let mut p = Vec::with_capacity(VOTE_BYTES);
+    encode_vote_payload(vote, &mut p);
+    frame(&p)
+}
+
+/// Length of an encoded vote (`term u64, has_node u8, node u64, committed u8`).
+pub(crate) const VOTE_BYTES: usize = 18;
+
+/// Appends a vote's payload (a `vote` record without its framing) to `p`; the network
+/// transport uses the same encoding.
+pub(crate) fn encode_vote_payload(vote: &Vote, p: &mut Vec<u8>) {
     p.extend_from_slice(&vote.leader_id.term.to_be_bytes());
     match vote.leader_id.voted_for {
         Some(node) => {
@@ -194,10 +210,9 @@ fn encode_vote(vote: &Vote) -> Vec<u8> {
         }
     }
     p.push(u8::from(vote.committed));
-    frame(&p)
 }
 
-fn decode_vote(payload: &[u8]) -> Option<Vote> {
+pub(crate) fn decode_vote(payload: &[u8]) -> Option<Vote> {
     let mut r = Reader {
         buf: payload,
         at: 0,

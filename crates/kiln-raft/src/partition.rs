@@ -50,6 +50,23 @@ pub enum PartitionError {
     OffsetOutOfRange { offset: i64, high_watermark: i64 },
 }
 
+impl PartitionError {
+    /// The same error for another waiter (the I/O and log errors inside are not `Clone`).
+    pub fn duplicate(&self) -> PartitionError {
+        match self {
+            PartitionError::NotLeader { leader } => PartitionError::NotLeader { leader: *leader },
+            PartitionError::OffsetOutOfRange {
+                offset,
+                high_watermark,
+            } => PartitionError::OffsetOutOfRange {
+                offset: *offset,
+                high_watermark: *high_watermark,
+            },
+            other => PartitionError::Stopped(other.to_string()),
+        }
+    }
+}
+
 /// The Raft settings Kiln uses for a partition. Snapshots are never built (the log is the
 /// partition, so there is nothing to compact into one).
 pub fn raft_config(heartbeat_ms: u64, election_min_ms: u64, election_max_ms: u64) -> Config {
@@ -163,6 +180,13 @@ impl ReplicatedPartition {
         let m = self.raft.metrics();
         let m = m.borrow();
         (m.state == ServerState::Leader).then_some(m.current_term)
+    }
+
+    /// The leader this replica knows of (itself included) and the current term.
+    pub fn leader_and_term(&self) -> (Option<NodeId>, u64) {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        (m.current_leader, m.current_term)
     }
 
     /// Whole batches from the one holding `offset`, up to `max_bytes` (at least one batch when

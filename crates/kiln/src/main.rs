@@ -74,7 +74,8 @@ fn main() -> ExitCode {
     // away, so only errors show unless a filter is asked for.
     let default_filter = match cli.command {
         Command::Demo(_) => "error",
-        _ => "info",
+        // openraft narrates every election and vote at info; its warnings are what operators need.
+        _ => "info,openraft=warn",
     };
     init_logging(cli.log.as_deref(), default_filter);
     // The probe is synchronous and prints its own exit code; no runtime needed.

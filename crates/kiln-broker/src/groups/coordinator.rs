@@ -340,6 +340,12 @@ impl Coordinator {
         &self.store
     }
 
+    /// Forgets every group's members (cluster mode, on a coordinator change: members were
+    /// known only to the previous coordinator, and rejoin here).
+    pub fn forget_members(&self) {
+        self.groups().clear();
+    }
+
     fn groups(&self) -> MutexGuard<'_, HashMap<String, Group>> {
         // Every change to a group happens under this lock in whole steps; a panic elsewhere
         // cannot leave one half-changed.

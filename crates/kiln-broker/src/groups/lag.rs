@@ -18,6 +18,7 @@ use kafka_protocol::records::RecordBatchDecoder;
 use kiln_log::{BatchHeader, PartitionLog};
 use tokio::time::Instant;
 
+use crate::cluster::Cluster;
 use crate::server::Broker;
 use crate::time::now_ms;
 
@@ -49,6 +50,9 @@ pub struct PartitionLag {
 /// Lag of every committed offset whose topic partition still exists.
 pub fn compute(broker: &Broker) -> Vec<PartitionLag> {
     let now = now_ms();
+    if let Some(cluster) = &broker.cluster {
+        return compute_replicated(broker, cluster, now);
+    }
     let mut out = Vec::new();
     for (key, committed) in broker.groups.store().snapshot() {
         let Some(topic) = broker.catalog.get(&key.topic) else {
@@ -67,6 +71,52 @@ pub fn compute(broker: &Broker) -> Vec<PartitionLag> {
             topic.settings.log.retention_bytes,
             now,
         ));
+    }
+    out
+}
+
+/// Cluster mode: lag against the high watermark of this broker's replica (the leader's, or a
+/// follower's a moment behind it). Replicated partitions are not aged out, so nothing is ever
+/// near retention or lost to it.
+fn compute_replicated(broker: &Broker, cluster: &Cluster, now: i64) -> Vec<PartitionLag> {
+    let mut out = Vec::new();
+    for (key, committed) in broker.groups.store().snapshot() {
+        let Some(topic) = cluster.topic(&key.topic) else {
+            continue;
+        };
+        let Some(replica) = cluster.partition(&topic, key.partition) else {
+            continue;
+        };
+        let high_watermark = replica.partition.high_watermark();
+        let committed_offset = committed.offset;
+        let first_unconsumed_ms = if committed_offset < high_watermark {
+            replica
+                .partition
+                .read(committed_offset.max(0), 1)
+                .ok()
+                .and_then(|b| b.into_iter().next())
+                .and_then(|b| BatchHeader::parse(&b.bytes).ok())
+                .map(|h| h.base_timestamp)
+                .filter(|ts| *ts >= 0)
+        } else {
+            None
+        };
+        let age_ms = first_unconsumed_ms.map(|ts| (now - ts).max(0));
+        out.push(PartitionLag {
+            group: key.group,
+            topic: key.topic,
+            partition: key.partition,
+            committed: committed_offset,
+            log_start: 0,
+            high_watermark,
+            lag_records: (high_watermark - committed_offset).max(0),
+            lag_seconds: age_ms.map_or(0.0, |a| a as f64 / 1000.0),
+            first_unconsumed_ms,
+            retention_ms: None,
+            retention_fraction: None,
+            time_left_ms: None,
+            lost: false,
+        });
     }
     out
 }

@@ -13,7 +13,11 @@ use std::time::Duration;
 pub use coordinator::{Coordinator, GroupConfig};
 pub use offsets::{OffsetsStore, StoreConfig};
 
+use crate::cluster::Replica;
 use crate::server::Broker;
+
+/// Bytes read per step when a new coordinator rebuilds its view of committed offsets.
+const REBUILD_READ_BYTES: usize = 4 << 20;
 
 /// Where the offsets store lives under the data directory.
 pub fn offsets_dir(data_dir: &Path) -> std::path::PathBuf {
@@ -25,9 +29,13 @@ pub fn open(
     data_dir: &Path,
     groups: GroupConfig,
     store: StoreConfig,
+    replicated: Option<Arc<Replica>>,
 ) -> Result<Coordinator, offsets::StoreError> {
     let dir = offsets_dir(data_dir);
-    let (store, report) = OffsetsStore::open(&dir, store)?;
+    let (mut store, report) = OffsetsStore::open(&dir, store)?;
+    if let Some(replica) = replicated {
+        store.set_replicated(replica);
+    }
     tracing::info!(
         generation = report.generation,
         records = report.records_replayed,
@@ -67,4 +75,75 @@ pub async fn run_timers(broker: Arc<Broker>, interval: Duration) {
             }));
         }
     }
+}
+
+/// Cluster mode: this broker coordinates every group while it leads the replicated offsets
+/// group. On winning it, it waits until everything committed before its term is applied, rebuilds
+/// the committed offsets from the group's log, forgets members (they rejoin) and serves; on
+/// losing it, it stops serving at once (requests get NOT_COORDINATOR).
+pub async fn follow_coordinator_leadership(broker: Arc<Broker>, replica: Arc<Replica>) {
+    let mut metrics = replica.partition.raft().metrics();
+    loop {
+        let (leading, term) = {
+            let m = metrics.borrow_and_update();
+            (m.state == openraft::ServerState::Leader, m.current_term)
+        };
+        let store = broker.groups.store();
+        let serving = store.serving_term();
+        if !leading && serving.is_some() {
+            store.stop_serving();
+            broker.groups.forget_members();
+            tracing::info!(term, "no longer the group coordinator");
+        }
+        if leading && serving != Some(term) {
+            store.stop_serving();
+            let ready = tokio::time::timeout(
+                Duration::from_secs(10),
+                replica.partition.raft().ensure_linearizable(),
+            )
+            .await;
+            match ready {
+                Ok(Ok(_)) => {
+                    match read_all(&replica) {
+                        Ok(batches) => {
+                            broker.groups.forget_members();
+                            let (records, skipped) = store.rebuild(batches, term);
+                            tracing::info!(term, records, skipped, "group coordinator: committed offsets rebuilt from the replicated log");
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "cannot read the replicated offsets log; not coordinating");
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                    }
+                }
+                Ok(Err(e)) => tracing::debug!(error = %e, "not the offsets leader after all"),
+                Err(_) => tracing::warn!(term, "offsets group not caught up within 10 s; retrying"),
+            }
+            continue;
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Every committed batch of the replicated offsets log.
+fn read_all(replica: &Replica) -> Result<Vec<bytes::Bytes>, kiln_raft::PartitionError> {
+    let high_watermark = replica.partition.high_watermark();
+    let mut offset = 0;
+    let mut out = Vec::new();
+    while offset < high_watermark {
+        let batches = replica.partition.read(offset, REBUILD_READ_BYTES)?;
+        let Some(last) = batches.last() else { break };
+        let next = last.base_offset
+            + kiln_log::BatchHeader::parse(&last.bytes)
+                .map(|h| i64::from(h.record_count))
+                .unwrap_or(1);
+        out.extend(batches.into_iter().map(|b| b.bytes));
+        if next <= offset {
+            break;
+        }
+        offset = next;
+    }
+    Ok(out)
 }

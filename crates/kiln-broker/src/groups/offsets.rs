@@ -23,7 +23,7 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -33,6 +33,7 @@ use kafka_protocol::records::{
 use kiln_log::{BatchHeader, FlushPolicy, LogConfig, LogError, PartitionLog};
 
 use super::records::{self, Committed, OffsetKey};
+use crate::cluster::Replica;
 
 const CURRENT: &str = "CURRENT";
 const CURRENT_TMP: &str = "CURRENT.tmp";
@@ -77,6 +78,10 @@ pub enum StoreError {
     Record(String),
     #[error("a commit of {0} bytes exceeds the {COMMIT_BATCH_BYTES_MAX}-byte limit of one commit")]
     TooLarge(usize),
+    /// Cluster mode: the replicated offsets group did not commit the write (this broker lost
+    /// its leadership, or the group stopped). The client retries at the new coordinator.
+    #[error("not replicated: {0}")]
+    NotReplicated(String),
 }
 
 fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
@@ -116,9 +121,18 @@ pub enum CommitOutcome {
 }
 
 /// Resolves (through [`OffsetsStore::wait`]) once a write is durable.
-pub struct Ticket {
-    log: PartitionLog,
-    end_offset: i64,
+pub struct Ticket(TicketKind);
+
+enum TicketKind {
+    /// Standalone: durable once the local log's durable offset reaches `end_offset`.
+    Local { log: PartitionLog, end_offset: i64 },
+    /// Cluster mode: durable once the replicated group has committed it.
+    Replicated {
+        receiver: kiln_raft::proposer::AppendReceiver,
+        seq: i64,
+    },
+    /// Cluster mode, nothing new written: wait for the writes already in flight.
+    AfterSeq(i64),
 }
 
 #[derive(Debug, Clone)]
@@ -170,6 +184,9 @@ struct State {
     pending: VecDeque<PendingWrite>,
     /// Records in the current log (replayed plus appended): what compaction would drop.
     records_in_log: u64,
+    /// Cluster mode: sequence number of the last write submitted (`PendingWrite::end_offset`
+    /// holds these instead of log offsets).
+    next_seq: i64,
     live_keys: u64,
 }
 
@@ -178,7 +195,19 @@ pub struct OffsetsStore {
     config: StoreConfig,
     state: Mutex<State>,
     compacting: AtomicBool,
+    /// Cluster mode: commits are written through this replicated group instead of the local
+    /// log (which then stays empty), and the view is rebuilt from it on becoming coordinator.
+    replicated: Option<Arc<Replica>>,
+    /// Cluster mode: the sequence number of the last write known committed.
+    committed_seq: tokio::sync::watch::Sender<i64>,
+    /// Cluster mode: the Raft term this broker coordinates in, once its view is rebuilt.
+    serving_term: std::sync::atomic::AtomicU64,
 }
+
+/// `serving_term` when this broker is not the coordinator.
+const NOT_SERVING: u64 = u64::MAX;
+/// Longest wait for writes already in flight when a commit changes nothing.
+const IN_FLIGHT_WAIT: Duration = Duration::from_secs(30);
 
 fn log_config() -> LogConfig {
     LogConfig {
@@ -236,9 +265,13 @@ impl OffsetsStore {
                 latest,
                 pending: VecDeque::new(),
                 records_in_log: replayed + skipped,
+                next_seq: 0,
                 live_keys,
             }),
             compacting: AtomicBool::new(false),
+            replicated: None,
+            committed_seq: tokio::sync::watch::channel(0).0,
+            serving_term: std::sync::atomic::AtomicU64::new(NOT_SERVING),
         };
         Ok((store, report))
     }
@@ -313,14 +346,33 @@ impl OffsetsStore {
     ) -> Result<Ticket, StoreError> {
         if changes.is_empty() {
             // Nothing new, but the caller's answer must not rest on a value not yet durable.
-            return Ok(Ticket {
+            if self.replicated.is_some() {
+                return Ok(Ticket(TicketKind::AfterSeq(st.next_seq)));
+            }
+            return Ok(Ticket(TicketKind::Local {
                 log: st.log.clone(),
                 end_offset: st.log.log_end_offset(),
-            });
+            }));
         }
         let batch = encode_batch(&changes, now_ms)?;
         if batch.len() > COMMIT_BATCH_BYTES_MAX {
             return Err(StoreError::TooLarge(batch.len()));
+        }
+        if let Some(replica) = &self.replicated {
+            // Submitted under the state lock, so the group's log order is the order of `latest`.
+            let receiver = replica.proposer.submit(batch);
+            for (key, value) in &changes {
+                apply_change(&mut st.latest, key, value.as_ref());
+            }
+            st.records_in_log += changes.len() as u64;
+            st.live_keys = count_keys(&st.latest);
+            st.next_seq += 1;
+            let seq = st.next_seq;
+            st.pending.push_back(PendingWrite {
+                end_offset: seq,
+                changes,
+            });
+            return Ok(Ticket(TicketKind::Replicated { receiver, seq }));
         }
         let info = st.log.append(&batch, now_ms)?;
         for (key, value) in &changes {
@@ -333,17 +385,107 @@ impl OffsetsStore {
             end_offset,
             changes,
         });
-        Ok(Ticket {
+        Ok(Ticket(TicketKind::Local {
             log: st.log.clone(),
             end_offset,
-        })
+        }))
     }
 
     /// Waits until the ticket's write is durable, then makes it visible to readers.
-    pub async fn wait(&self, ticket: Ticket) -> Result<(), LogError> {
-        ticket.log.wait_durable(ticket.end_offset).await?;
-        self.apply_durable();
-        Ok(())
+    pub async fn wait(&self, ticket: Ticket) -> Result<(), StoreError> {
+        match ticket.0 {
+            TicketKind::Local { log, end_offset } => {
+                log.wait_durable(end_offset).await?;
+                self.apply_durable();
+                Ok(())
+            }
+            TicketKind::Replicated { receiver, seq } => match receiver.await {
+                Ok(Ok(_)) => {
+                    self.apply_committed_through(seq);
+                    Ok(())
+                }
+                Ok(Err(e)) => Err(StoreError::NotReplicated(e.to_string())),
+                Err(_) => Err(StoreError::NotReplicated(
+                    "the offsets replica stopped".into(),
+                )),
+            },
+            TicketKind::AfterSeq(seq) => {
+                let mut committed = self.committed_seq.subscribe();
+                let caught_up = async { committed.wait_for(|c| *c >= seq).await.is_ok() };
+                match tokio::time::timeout(IN_FLIGHT_WAIT, caught_up).await {
+                    Ok(true) => Ok(()),
+                    _ => Err(StoreError::NotReplicated(
+                        "earlier commits were not replicated in time".into(),
+                    )),
+                }
+            }
+        }
+    }
+
+    /// Cluster mode: Raft commits in submission order, so every write up to `seq` is in.
+    fn apply_committed_through(&self, seq: i64) {
+        let mut st = lock(&self.state);
+        while st.pending.front().is_some_and(|p| p.end_offset <= seq) {
+            let Some(write) = st.pending.pop_front() else {
+                break;
+            };
+            for (key, value) in &write.changes {
+                apply_change(&mut st.applied, key, value.as_ref());
+            }
+        }
+        self.committed_seq.send_if_modified(|c| {
+            let moved = seq > *c;
+            *c = (*c).max(seq);
+            moved
+        });
+    }
+
+    /// Cluster mode: writes through `replica` from now on. Call before serving.
+    pub fn set_replicated(&mut self, replica: Arc<Replica>) {
+        self.replicated = Some(replica);
+    }
+
+    pub fn replicated(&self) -> Option<&Arc<Replica>> {
+        self.replicated.as_ref()
+    }
+
+    /// Cluster mode: whether this broker is the coordinator with a rebuilt view.
+    pub fn is_serving(&self) -> bool {
+        self.replicated.is_none() || self.serving_term.load(Ordering::Acquire) != NOT_SERVING
+    }
+
+    /// Cluster mode: the term this broker coordinates in, if it does.
+    pub fn serving_term(&self) -> Option<u64> {
+        let term = self.serving_term.load(Ordering::Acquire);
+        (term != NOT_SERVING).then_some(term)
+    }
+
+    pub fn stop_serving(&self) {
+        self.serving_term.store(NOT_SERVING, Ordering::Release);
+    }
+
+    /// Cluster mode: replaces the view with the replicated log's committed content (read by
+    /// the caller below the high watermark) and starts serving in `term`.
+    pub fn rebuild(&self, batches: Vec<Bytes>, term: u64) -> (u64, u64) {
+        let mut map: HashMap<String, GroupOffsets> = HashMap::new();
+        let (mut replayed, mut skipped) = (0u64, 0u64);
+        for batch in batches {
+            let (a, s) = replay_batches(batch, |k, v| apply_change(&mut map, k, v));
+            replayed += a;
+            skipped += s;
+        }
+        let mut st = lock(&self.state);
+        st.pending.clear();
+        st.live_keys = count_keys(&map);
+        st.records_in_log = replayed + skipped;
+        st.applied = map.clone();
+        st.latest = map;
+        // Tickets of the previous term resolve through their receivers; new ones count on.
+        let seq = st.next_seq;
+        drop(st);
+        self.committed_seq.send_replace(seq);
+        self.serving_term.store(term, Ordering::Release);
+        (replayed, skipped)
     }
 
     /// Moves every durable pending write into the readable view, in log order.
@@ -423,6 +565,10 @@ impl OffsetsStore {
     }
 
     pub fn needs_compaction(&self) -> bool {
+        if self.replicated.is_some() {
+            // The replicated group's log is not compacted (docs/replication.md).
+            return false;
+        }
         let (records, live, _) = self.stats();
         records >= self.config.compact_min_records
             && records >= live.saturating_mul(self.config.compact_ratio.max(1))
@@ -617,44 +763,59 @@ fn replay(
         if read.records.is_empty() || read.next_offset <= offset {
             break;
         }
-        let mut rest = read.records.clone();
-        while !rest.is_empty() {
-            let header = BatchHeader::parse(&rest)?;
-            let len = header.total_len().min(rest.len());
-            let mut one = rest.split_to(len);
-            match RecordBatchDecoder::decode(&mut one) {
-                Ok(set) => {
-                    for record in set.records {
-                        let parsed = record
-                            .key
-                            .as_deref()
-                            .ok_or_else(|| records::RecordError("record without a key".into()))
-                            .and_then(records::decode_key)
-                            .and_then(|k| match record.value.as_deref() {
-                                None => Ok((k, None)),
-                                Some(v) => records::decode_value(v).map(|v| (k, Some(v))),
-                            });
-                        match parsed {
-                            Ok((key, value)) => {
-                                apply(&key, value.as_ref());
-                                applied += 1;
-                            }
-                            Err(e) => {
-                                tracing::error!(offset = record.offset, error = %e, "skipping an offsets record that does not parse");
-                                skipped += 1;
-                            }
-                        }
-                    }
-                }
-                Err(e) => {
-                    tracing::error!(offset = header.base_offset, error = %e, "skipping an offsets batch that does not decode");
-                    skipped += u64::from(header.last_offset_delta.unsigned_abs()) + 1;
-                }
-            }
-        }
+        let (a, s) = replay_batches(read.records.clone(), &mut apply);
+        applied += a;
+        skipped += s;
         offset = read.next_offset;
     }
     Ok((applied, skipped))
+}
+
+/// Feeds every record of concatenated batches to `apply`. Returns (applied, skipped).
+fn replay_batches(
+    mut rest: Bytes,
+    mut apply: impl FnMut(&OffsetKey, Option<&Committed>),
+) -> (u64, u64) {
+    let (mut applied, mut skipped) = (0u64, 0u64);
+    while !rest.is_empty() {
+        let Ok(header) = BatchHeader::parse(&rest) else {
+            tracing::error!("skipping the rest of an offsets read: batch header does not parse");
+            skipped += 1;
+            break;
+        };
+        let len = header.total_len().min(rest.len());
+        let mut one = rest.split_to(len);
+        match RecordBatchDecoder::decode(&mut one) {
+            Ok(set) => {
+                for record in set.records {
+                    let parsed = record
+                        .key
+                        .as_deref()
+                        .ok_or_else(|| records::RecordError("record without a key".into()))
+                        .and_then(records::decode_key)
+                        .and_then(|k| match record.value.as_deref() {
+                            None => Ok((k, None)),
+                            Some(v) => records::decode_value(v).map(|v| (k, Some(v))),
+                        });
+                    match parsed {
+                        Ok((key, value)) => {
+                            apply(&key, value.as_ref());
+                            applied += 1;
+                        }
+                        Err(e) => {
+                            tracing::error!(offset = record.offset, error = %e, "skipping an offsets record that does not parse");
+                            skipped += 1;
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(offset = header.base_offset, error = %e, "skipping an offsets batch that does not decode");
+                skipped += u64::from(header.last_offset_delta.unsigned_abs()) + 1;
+            }
+        }
+    }
+    (applied, skipped)
 }
 
 fn read_current(dir: &Path) -> Result<Option<u64>, StoreError> {

@@ -49,10 +49,26 @@ pub fn find_coordinator(
     request: FindCoordinatorRequest,
     version: i16,
 ) -> FindCoordinatorResponse {
-    let node = BrokerId(broker.config.node_id);
-    let host = s(&broker.advertised_host);
-    let port = broker.advertised_port;
+    // Cluster mode: the coordinator is the leader of the replicated offsets group.
+    let (node, host, port, unavailable) = match &broker.cluster {
+        None => (
+            BrokerId(broker.config.node_id),
+            s(&broker.advertised_host),
+            broker.advertised_port,
+            false,
+        ),
+        Some(cluster) => match cluster.broker(cluster.offsets.leader().0) {
+            Some(b) => (BrokerId(b.id), s(&b.host), b.port, false),
+            None => (BrokerId(-1), s(""), -1, true),
+        },
+    };
     let check = |key: &StrBytes| -> Result<(), (ResponseError, String)> {
+        if unavailable {
+            return Err((
+                ResponseError::CoordinatorNotAvailable,
+                "the consumer offsets group has no leader yet".into(),
+            ));
+        }
         if request.key_type != KEY_TYPE_GROUP {
             return Err((
                 ResponseError::InvalidRequest,

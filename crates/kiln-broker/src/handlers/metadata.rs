@@ -43,9 +43,7 @@ pub fn handle(broker: &Arc<Broker>, request: MetadataRequest) -> MetadataRespons
             .with_node_id(node)
             .with_host(StrBytes::from_string(broker.advertised_host.clone()))
             .with_port(broker.advertised_port)])
-        .with_cluster_id(Some(StrBytes::from_string(
-            broker.identity.cluster_id.clone(),
-        )))
+        .with_cluster_id(Some(StrBytes::from_string(broker.cluster_id())))
         .with_controller_id(node)
         .with_topics(topics)
 }

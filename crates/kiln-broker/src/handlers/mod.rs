@@ -10,14 +10,16 @@ pub mod list_offsets;
 pub mod metadata;
 pub mod offsets;
 pub mod produce;
+pub mod replicated;
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use kafka_protocol::messages::{RequestKind, ResponseKind};
+use kafka_protocol::messages::{RequestHeader, RequestKind, ResponseKind};
 use kiln_wire::DecodedRequest;
 
+use crate::cluster::Cluster;
 use crate::server::Broker;
 
 pub type PendingResponse = Pin<Box<dyn Future<Output = ResponseKind> + Send>>;
@@ -35,6 +37,63 @@ pub enum Reply {
 pub fn dispatch(broker: &Arc<Broker>, request: DecodedRequest) -> Reply {
     let version = request.header.request_api_version;
     match request.body {
+        RequestKind::ApiVersions(_) => Reply::Now(Box::new(ResponseKind::ApiVersions(
+            api_versions::response(0),
+        ))),
+        body => match &broker.cluster {
+            Some(cluster) => dispatch_replicated(broker, cluster, version, body, request.header),
+            None => dispatch_standalone(broker, version, body, request.header),
+        },
+    }
+}
+
+/// Cluster mode: topic APIs go to the replicated side; group APIs are shared (their offsets
+/// store writes through the replicated offsets group).
+fn dispatch_replicated(
+    broker: &Arc<Broker>,
+    cluster: &Arc<Cluster>,
+    version: i16,
+    body: RequestKind,
+    header: RequestHeader,
+) -> Reply {
+    match body {
+        RequestKind::Metadata(req) => {
+            let (broker, cluster) = (broker.clone(), cluster.clone());
+            Reply::Later(Box::pin(async move {
+                ResponseKind::Metadata(replicated::metadata::handle(broker, cluster, req).await)
+            }))
+        }
+        RequestKind::Produce(req) => replicated::produce::handle(cluster, req),
+        RequestKind::Fetch(req) => {
+            replicated::fetch::handle(cluster, broker.config.fetch_max_wait_ms_cap, req)
+        }
+        RequestKind::ListOffsets(req) => Reply::Now(Box::new(ResponseKind::ListOffsets(
+            replicated::list_offsets::handle(cluster, req),
+        ))),
+        RequestKind::CreateTopics(req) => replicated::admin::create_topics(
+            cluster,
+            broker.config.default_partitions,
+            req,
+            version,
+        ),
+        RequestKind::DeleteTopics(req) => replicated::admin::delete_topics(cluster, req),
+        body => {
+            let serving = broker.groups.store().is_serving();
+            match replicated::groups::refuse(cluster, serving, &body) {
+                Some(refusal) => refusal,
+                None => dispatch_groups(broker, version, body, header),
+            }
+        }
+    }
+}
+
+fn dispatch_standalone(
+    broker: &Arc<Broker>,
+    version: i16,
+    body: RequestKind,
+    header: RequestHeader,
+) -> Reply {
+    match body {
         RequestKind::ApiVersions(_) => Reply::Now(Box::new(ResponseKind::ApiVersions(
             api_versions::response(0),
         ))),
@@ -64,11 +123,22 @@ pub fn dispatch(broker: &Arc<Broker>, request: DecodedRequest) -> Reply {
         ))),
         RequestKind::CreateTopics(req) => admin::create_topics(broker, req, version),
         RequestKind::DeleteTopics(req) => admin::delete_topics(broker, req),
+        body => dispatch_groups(broker, version, body, header),
+    }
+}
+
+fn dispatch_groups(
+    broker: &Arc<Broker>,
+    version: i16,
+    body: RequestKind,
+    header: RequestHeader,
+) -> Reply {
+    match body {
         RequestKind::FindCoordinator(req) => Reply::Now(Box::new(ResponseKind::FindCoordinator(
             groups::find_coordinator(broker, req, version),
         ))),
         RequestKind::JoinGroup(req) => {
-            groups::join_group(broker, req, version, request.header.client_id.as_ref())
+            groups::join_group(broker, req, version, header.client_id.as_ref())
         }
         RequestKind::SyncGroup(req) => groups::sync_group(broker, req, version),
         RequestKind::Heartbeat(req) => Reply::Now(Box::new(ResponseKind::Heartbeat(

@@ -45,12 +45,7 @@ pub fn offset_commit(broker: &Arc<Broker>, request: OffsetCommitRequest) -> Repl
         member_id: request.member_id.to_string(),
         partitions,
     };
-    let catalog = &broker.catalog;
-    let high_watermark = |topic: &str, partition: i32| {
-        catalog
-            .get(topic)
-            .and_then(|t| t.partition(partition).map(|log| log.durable_offset()))
-    };
+    let high_watermark = |topic: &str, partition: i32| broker.high_watermark(topic, partition);
     let (mut errors, ticket) =
         broker
             .groups

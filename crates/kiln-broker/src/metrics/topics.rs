@@ -10,7 +10,7 @@ use crate::traffic::TrafficSnapshot;
 type Pick = fn(&TrafficSnapshot) -> u64;
 
 /// Per-topic counters. They start at 0 when the broker starts or the topic is created.
-const TRAFFIC_FAMILIES: [(&str, &str, Pick); 6] = [
+pub(super) const TRAFFIC_FAMILIES: [(&str, &str, Pick); 6] = [
     (
         "kiln_produce_requests_total",
         "Produce requests naming the topic (once per request, however many partitions).",
@@ -105,11 +105,32 @@ pub(super) fn render(out: &mut Exposition, broker: &Broker) {
         }
     }
 
+    render_fsync(out);
+
+    // Standalone: one replica per partition, so these are structural zeros, not measurements
+    // (cluster mode exports the real figures, metrics/cluster.rs). Exported so dashboards and
+    // alerts work the same in both modes.
+    out.single(
+        "kiln_under_replicated_partitions",
+        Kind::Gauge,
+        "Partitions with fewer in-sync replicas than configured. Always 0 on a standalone broker (one replica per partition, on this broker).",
+        0u64,
+    );
+    out.single(
+        "kiln_leader_changes_total",
+        Kind::Counter,
+        "Partition leadership changes on this broker. Always 0 on a standalone broker, which leads every partition it holds.",
+        0u64,
+    );
+}
+
+/// The fsync histogram: segment files and, in cluster mode, replica log files.
+pub(super) fn render_fsync(out: &mut Exposition) {
     let fsync = fsync_latency();
     out.family(
         "kiln_log_fsync_duration_seconds",
         Kind::Histogram,
-        "Time of each segment fdatasync (group commits, segment rolls, closes) in this broker process.",
+        "Time of each data fdatasync (segment group commits, rolls, closes; replica log appends) in this broker process.",
     );
     out.histogram(
         "kiln_log_fsync_duration_seconds",
@@ -120,20 +141,5 @@ pub(super) fn render(out: &mut Exposition, broker: &Broker) {
             count: fsync.count,
             sum: fsync.sum_seconds,
         },
-    );
-
-    // One node, no replicas: these are structural zeros, not measurements. They are exported so
-    // dashboards and alerts keep working unchanged once replication exists.
-    out.single(
-        "kiln_under_replicated_partitions",
-        Kind::Gauge,
-        "Partitions with fewer in-sync replicas than configured. Always 0: replication is not configured in this version (every partition has one replica, on this broker).",
-        0u64,
-    );
-    out.single(
-        "kiln_leader_changes_total",
-        Kind::Counter,
-        "Partition leadership changes on this broker. Always 0: replication is not configured in this version, so this broker leads every partition it holds.",
-        0u64,
     );
 }

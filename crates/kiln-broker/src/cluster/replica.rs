@@ -1,0 +1,183 @@
+//! One local replica of a Raft group: its files, its Raft node and its proposer.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use kiln_raft::disk::FileDisk;
+use kiln_raft::net::{PeerAddrs, TcpNetwork};
+use kiln_raft::{NodeId, PartitionError, Proposer, ReplicatedPartition};
+
+/// A replica hosted by this broker.
+pub struct Replica {
+    /// The group's name on the Raft transport, e.g. `<topic id>/3`.
+    pub group: String,
+    /// Broker ids holding a replica, the preferred leader first.
+    pub members: Vec<i32>,
+    pub partition: ReplicatedPartition,
+    pub proposer: Proposer,
+    pub dir: PathBuf,
+    /// This broker's id.
+    pub node_id: i32,
+    /// Times the leader this replica knows of changed to another broker (or to none).
+    pub leader_changes: Arc<AtomicU64>,
+    /// When a peer last sent this replica a Raft request (ms on `clock`).
+    last_heard_ms: AtomicU64,
+    clock: std::time::Instant,
+    /// A follower that has heard nothing for this long no longer names a leader.
+    silence: std::time::Duration,
+}
+
+impl Replica {
+    /// Whether this replica is the group's leader now.
+    pub fn is_leader(&self) -> bool {
+        self.partition.leader_and_term().0 == node(self.node_id)
+    }
+
+    /// The leader as a broker id (-1 when none is known) and the current term. A follower
+    /// whose leader has been silent for several heartbeats says -1 rather than naming it: a
+    /// client told "no leader" asks again within milliseconds, one told the name of a dead
+    /// broker waits on its own timers, which adds up to a second to every failover.
+    pub fn leader(&self) -> (i32, u64) {
+        let (leader, term) = self.partition.leader_and_term();
+        let leader = leader.and_then(|l| i32::try_from(l).ok()).unwrap_or(-1);
+        if leader >= 0 && leader != self.node_id {
+            let heard = self.last_heard_ms.load(Ordering::Relaxed);
+            let now = self.elapsed_ms();
+            if now.saturating_sub(heard) > self.silence.as_millis() as u64 {
+                return (-1, term);
+            }
+        }
+        (leader, term)
+    }
+
+    /// Called for every Raft request a peer sends this replica.
+    pub fn heard_from_peer(&self) {
+        self.last_heard_ms
+            .store(self.elapsed_ms(), Ordering::Relaxed);
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.clock.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Replicas that hold everything committed, as the leader sees it (Kafka's ISR). Followers
+    /// do not know; they report every member.
+    pub fn leader_changes(&self) -> u64 {
+        self.leader_changes.load(Ordering::Relaxed)
+    }
+
+    pub fn in_sync(&self) -> Vec<i32> {
+        let metrics = self.partition.raft().metrics();
+        let m = metrics.borrow();
+        let Some(progress) = &m.replication else {
+            return self.members.clone();
+        };
+        let committed = m.last_applied.map(|l| l.index);
+        self.members
+            .iter()
+            .copied()
+            .filter(|id| {
+                *id == self.node_id
+                    || node(*id).is_some_and(|n| {
+                        progress
+                            .get(&n)
+                            .is_some_and(|matched| matched.map(|l| l.index) >= committed)
+                    })
+            })
+            .collect()
+    }
+}
+
+/// Broker ids are i32 in Kafka and u64 in Raft; negative ids never reach Raft (config checks).
+pub fn node(id: i32) -> Option<NodeId> {
+    u64::try_from(id).ok()
+}
+
+pub struct OpenParams {
+    pub node_id: i32,
+    pub group: String,
+    pub dir: PathBuf,
+    pub members: Vec<i32>,
+    pub peers: PeerAddrs,
+    pub config: openraft::Config,
+    pub rpc_timeout: std::time::Duration,
+    pub max_entry_bytes: usize,
+    /// See [`Replica::leader`].
+    pub silence: std::time::Duration,
+}
+
+/// Opens (recovering) or creates a replica, initializes a brand-new group with `members`, and
+/// has the preferred leader (the first member) stand for election at once, which spreads
+/// leaders over the brokers when a topic is created.
+pub async fn open(p: OpenParams) -> Result<Arc<Replica>, PartitionError> {
+    let id = node(p.node_id).ok_or_else(|| PartitionError::Stopped("negative node id".into()))?;
+    std::fs::create_dir_all(&p.dir)?;
+    let log_disk = FileDisk::open(&p.dir.join("raft.log"))?;
+    let vote_disk = FileDisk::open(&p.dir.join("vote"))?;
+    let network = TcpNetwork::new(p.group.clone(), p.peers, p.rpc_timeout);
+    let (partition, recovery) = ReplicatedPartition::start(
+        id,
+        p.config,
+        Arc::new(log_disk),
+        Arc::new(vote_disk),
+        network,
+    )
+    .await?;
+    if recovery.cut_bytes > 0 {
+        tracing::warn!(group = %p.group, cut_bytes = recovery.cut_bytes, "replica log had a damaged or torn tail; cut it, the leader will resend");
+    }
+    let pristine = recovery.entries == 0;
+    if pristine {
+        let members: BTreeSet<NodeId> = p.members.iter().filter_map(|m| node(*m)).collect();
+        partition.initialize(members).await?;
+        if p.members.first() == Some(&p.node_id) {
+            if let Err(e) = partition.raft().trigger().elect().await {
+                tracing::warn!(group = %p.group, error = %e, "could not stand for election");
+            }
+        }
+    }
+    let proposer = Proposer::start(partition.clone(), p.max_entry_bytes);
+    let leader_changes = Arc::new(AtomicU64::new(0));
+    tokio::spawn(count_leader_changes(
+        p.group.clone(),
+        partition.raft().metrics(),
+        leader_changes.clone(),
+    ));
+    tracing::info!(group = %p.group, entries = recovery.entries, members = ?p.members, "replica open");
+    Ok(Arc::new(Replica {
+        group: p.group,
+        members: p.members,
+        partition,
+        proposer,
+        dir: p.dir,
+        node_id: p.node_id,
+        leader_changes,
+        last_heard_ms: AtomicU64::new(0),
+        clock: std::time::Instant::now(),
+        silence: p.silence,
+    }))
+}
+
+/// Counts changes of the known leader until the Raft node stops.
+async fn count_leader_changes(
+    group: String,
+    mut metrics: tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, openraft::EmptyNode>>,
+    changes: Arc<AtomicU64>,
+) {
+    let mut last = metrics.borrow().current_leader;
+    while metrics.changed().await.is_ok() {
+        let (now, term) = {
+            let m = metrics.borrow_and_update();
+            (m.current_leader, m.current_term)
+        };
+        if now != last {
+            if last.is_some() {
+                changes.fetch_add(1, Ordering::Relaxed);
+            }
+            tracing::info!(%group, leader = ?now, previous = ?last, term, "leader changed");
+            last = now;
+        }
+    }
+}

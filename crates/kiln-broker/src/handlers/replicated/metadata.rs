@@ -1,0 +1,135 @@
+//! Metadata in cluster mode: every broker of the cluster, the controller, and per partition
+//! the leader and epoch as this broker's replica knows them.
+
+use std::sync::Arc;
+
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
+use kafka_protocol::messages::{BrokerId, MetadataRequest, MetadataResponse, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::ResponseError;
+
+use super::cluster_error_code;
+use crate::cluster::{Cluster, ClusterTopic};
+use crate::server::Broker;
+
+pub async fn handle(
+    broker: Arc<Broker>,
+    cluster: Arc<Cluster>,
+    request: MetadataRequest,
+) -> MetadataResponse {
+    let topics = match request.topics {
+        None => cluster
+            .topics()
+            .iter()
+            .map(|t| describe(&cluster, t))
+            .collect(),
+        Some(wanted) => {
+            let mut out = Vec::with_capacity(wanted.len());
+            for t in wanted {
+                let Some(name) = t.name else {
+                    out.push(
+                        MetadataResponseTopic::default()
+                            .with_topic_id(t.topic_id)
+                            .with_error_code(ResponseError::UnknownTopicId.code()),
+                    );
+                    continue;
+                };
+                if let Some(topic) = cluster.topic(name.as_str()) {
+                    out.push(describe(&cluster, &topic));
+                    continue;
+                }
+                let code = if broker.config.auto_create_topics && request.allow_auto_topic_creation
+                {
+                    // Only the controller creates; elsewhere the client is told to ask again
+                    // (it refreshes metadata and reaches the controller in time).
+                    match cluster
+                        .create_topic(
+                            name.as_str(),
+                            broker.config.default_partitions,
+                            None,
+                            Default::default(),
+                            false,
+                        )
+                        .await
+                    {
+                        Ok(()) | Err(crate::cluster::ClusterError::AlreadyExists(_)) => None,
+                        Err(crate::cluster::ClusterError::NotController(_)) => {
+                            Some(ResponseError::LeaderNotAvailable)
+                        }
+                        Err(e) => Some(cluster_error_code(&e)),
+                    }
+                } else {
+                    Some(ResponseError::UnknownTopicOrPartition)
+                };
+                match (code, cluster.topic(name.as_str())) {
+                    (None, Some(topic)) => out.push(describe(&cluster, &topic)),
+                    (code, _) => out.push(
+                        MetadataResponseTopic::default()
+                            .with_name(Some(name))
+                            .with_error_code(
+                                code.unwrap_or(ResponseError::LeaderNotAvailable).code(),
+                            ),
+                    ),
+                }
+            }
+            out
+        }
+    };
+    let brokers = cluster
+        .brokers
+        .iter()
+        .map(|b| {
+            MetadataResponseBroker::default()
+                .with_node_id(BrokerId(b.id))
+                .with_host(StrBytes::from_string(b.host.clone()))
+                .with_port(b.port)
+        })
+        .collect();
+    MetadataResponse::default()
+        .with_brokers(brokers)
+        .with_cluster_id(Some(StrBytes::from_string(broker.cluster_id())))
+        .with_controller_id(BrokerId(cluster.controller()))
+        .with_topics(topics)
+}
+
+fn describe(cluster: &Cluster, topic: &ClusterTopic) -> MetadataResponseTopic {
+    let partitions = topic
+        .assignments
+        .iter()
+        .enumerate()
+        .map(|(index, members)| {
+            let index = i32::try_from(index).unwrap_or(i32::MAX);
+            let replicas: Vec<BrokerId> = members.iter().map(|m| BrokerId(*m)).collect();
+            let response = MetadataResponsePartition::default()
+                .with_partition_index(index)
+                .with_replica_nodes(replicas.clone());
+            match cluster.partition(topic, index) {
+                Some(replica) => {
+                    let (leader, term) = replica.leader();
+                    let isr = replica.in_sync().into_iter().map(BrokerId).collect();
+                    let response = response
+                        .with_leader_id(BrokerId(leader))
+                        .with_leader_epoch(i32::try_from(term).unwrap_or(i32::MAX))
+                        .with_isr_nodes(isr);
+                    if leader < 0 {
+                        response.with_error_code(ResponseError::LeaderNotAvailable.code())
+                    } else {
+                        response
+                    }
+                }
+                // Not a replica here: this broker does not follow the partition's elections.
+                None => response
+                    .with_leader_id(BrokerId(-1))
+                    .with_leader_epoch(-1)
+                    .with_isr_nodes(replicas)
+                    .with_error_code(ResponseError::LeaderNotAvailable.code()),
+            }
+        })
+        .collect();
+    MetadataResponseTopic::default()
+        .with_name(Some(TopicName(StrBytes::from_string(topic.name.clone()))))
+        .with_topic_id(topic.id)
+        .with_partitions(partitions)
+}

@@ -1,0 +1,171 @@
+//! Produce in cluster mode: the partition's leader submits the batches to its proposer in
+//! arrival order; the answer waits until a majority of replicas has them fsynced (acks=1 and
+//! acks=all alike: an answer never promises less than a majority).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::{ProduceRequest, ProduceResponse, ResponseKind};
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::ResponseError;
+use kiln_log::batch;
+use kiln_raft::proposer::AppendReceiver;
+
+use super::partition_error_code;
+use crate::cluster::Cluster;
+use crate::handlers::Reply;
+use crate::traffic::TopicTraffic;
+
+/// Shortest replication wait granted, whatever timeout the client sent.
+const ACK_TIMEOUT_MIN: Duration = Duration::from_secs(1);
+
+struct Waiting {
+    topic: usize,
+    partition: usize,
+    receiver: AppendReceiver,
+}
+
+pub fn handle(cluster: &Arc<Cluster>, request: ProduceRequest) -> Reply {
+    let mut waiting = Vec::new();
+    let mut responses = Vec::with_capacity(request.topic_data.len());
+    for (topic_slot, topic_data) in request.topic_data.into_iter().enumerate() {
+        let topic = cluster.topic(topic_data.name.as_str());
+        if let Some(t) = &topic {
+            TopicTraffic::add(&t.traffic.produce_requests, 1);
+        }
+        let mut partitions = Vec::with_capacity(topic_data.partition_data.len());
+        for (partition_slot, data) in topic_data.partition_data.into_iter().enumerate() {
+            let response = PartitionProduceResponse::default()
+                .with_index(data.index)
+                .with_base_offset(-1)
+                .with_log_append_time_ms(-1)
+                .with_log_start_offset(-1);
+            let Some(topic) = topic
+                .as_ref()
+                .filter(|t| data.index >= 0 && data.index < t.partition_count())
+            else {
+                partitions
+                    .push(response.with_error_code(ResponseError::UnknownTopicOrPartition.code()));
+                continue;
+            };
+            let Some(replica) = cluster
+                .partition(topic, data.index)
+                .filter(|r| r.is_leader())
+            else {
+                partitions
+                    .push(response.with_error_code(ResponseError::NotLeaderOrFollower.code()));
+                continue;
+            };
+            let Some(records) = data.records else {
+                partitions.push(error(
+                    response,
+                    ResponseError::InvalidRecord,
+                    "no records".into(),
+                ));
+                continue;
+            };
+            let max_batch_bytes = topic.settings.max_batch_bytes;
+            if let Some(too_big) = batch::batches(&records)
+                .filter_map(Result::ok)
+                .map(|b| b.bytes.len())
+                .find(|&len| len > max_batch_bytes)
+            {
+                partitions.push(error(
+                    response,
+                    ResponseError::MessageTooLarge,
+                    format!("record batch of {too_big} bytes exceeds max.message.bytes {max_batch_bytes}"),
+                ));
+                continue;
+            }
+            TopicTraffic::add(&topic.traffic.produce_bytes, records.len() as u64);
+            waiting.push(Waiting {
+                topic: topic_slot,
+                partition: partition_slot,
+                receiver: replica.proposer.submit(records),
+            });
+            partitions.push(response.with_log_start_offset(0));
+        }
+        responses.push(
+            TopicProduceResponse::default()
+                .with_name(topic_data.name)
+                .with_partition_responses(partitions),
+        );
+    }
+    if request.acks == 0 {
+        return Reply::Silent;
+    }
+    let response = ProduceResponse::default().with_responses(responses);
+    if waiting.is_empty() {
+        return Reply::Now(Box::new(ResponseKind::Produce(response)));
+    }
+    let timeout =
+        Duration::from_millis(u64::try_from(request.timeout_ms).unwrap_or(0)).max(ACK_TIMEOUT_MIN);
+    let cluster = cluster.clone();
+    Reply::Later(Box::pin(wait_committed(
+        cluster, response, waiting, timeout,
+    )))
+}
+
+async fn wait_committed(
+    cluster: Arc<Cluster>,
+    mut response: ProduceResponse,
+    waiting: Vec<Waiting>,
+    timeout: Duration,
+) -> ResponseKind {
+    let deadline = tokio::time::Instant::now() + timeout;
+    for w in waiting {
+        let outcome = match tokio::time::timeout_at(deadline, w.receiver).await {
+            Ok(Ok(Ok(ack))) => Ok(ack),
+            Ok(Ok(Err(e))) => Err((partition_error_code(&e), e.to_string())),
+            Ok(Err(_)) => Err((
+                ResponseError::NotLeaderOrFollower,
+                "the partition's replica stopped".to_string(),
+            )),
+            // Not known to be committed: the client retries, which may write it twice.
+            Err(_) => Err((
+                ResponseError::RequestTimedOut,
+                format!(
+                    "not replicated to a majority within {} ms",
+                    timeout.as_millis()
+                ),
+            )),
+        };
+        let Some(topic) = response.responses.get_mut(w.topic) else {
+            continue;
+        };
+        let counted = cluster.topic(topic.name.as_str());
+        let Some(p) = topic.partition_responses.get_mut(w.partition) else {
+            continue;
+        };
+        match outcome {
+            Ok(ack) => {
+                p.base_offset = ack.base_offset;
+                if let Some(t) = counted {
+                    TopicTraffic::add(
+                        &t.traffic.produce_records,
+                        u64::try_from(ack.last_offset - ack.base_offset + 1).unwrap_or(0),
+                    );
+                }
+            }
+            Err((code, message)) => {
+                tracing::debug!(partition = p.index, error = %message, "produce not acknowledged");
+                if let Some(t) = counted {
+                    TopicTraffic::add(&t.traffic.produce_errors, 1);
+                }
+                *p = error(p.clone().with_base_offset(-1), code, message);
+            }
+        }
+    }
+    ResponseKind::Produce(response)
+}
+
+fn error(
+    response: PartitionProduceResponse,
+    code: ResponseError,
+    message: String,
+) -> PartitionProduceResponse {
+    response
+        .with_error_code(code.code())
+        .with_error_message(Some(StrBytes::from_string(message)))
+}

@@ -1,0 +1,320 @@
+//! The sending side: openraft's network factory and one lazily connected stream per target.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{
+    InstallSnapshotError, PayloadTooLarge, RPCError, RaftError, Timeout, Unreachable,
+};
+use openraft::network::{Backoff, RPCOption, RPCTypes};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{EmptyNode, RaftNetwork, RaftNetworkFactory};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::codec::{self, CodecError, KindName, Message};
+use super::PeerAddrs;
+use crate::types::{KilnRaft, NodeId};
+
+/// How long a connection attempt may take before the peer counts as unreachable.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The pause openraft takes before retrying a peer that was unreachable. Short enough that a
+/// restarted broker is caught up quickly, long enough that a dead one costs a few connection
+/// attempts a second per group rather than a busy loop.
+const BACKOFF: Duration = Duration::from_millis(200);
+
+/// openraft's network factory for one Raft group: every link it makes names the group in each
+/// RPC, so all groups of a broker share one listener per peer.
+#[derive(Clone)]
+pub struct TcpNetwork {
+    group: Arc<str>,
+    peers: PeerAddrs,
+    rpc_timeout: Duration,
+    connect_timeout: Duration,
+}
+
+impl TcpNetwork {
+    /// A network for the group named `group`, reaching node `n` at `peers[n]`. Each RPC is
+    /// bounded by `rpc_timeout` (or openraft's own deadline for it, if that is shorter).
+    pub fn new(group: impl Into<String>, peers: PeerAddrs, rpc_timeout: Duration) -> Self {
+        TcpNetwork {
+            group: Arc::from(group.into()),
+            peers,
+            rpc_timeout,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+        }
+    }
+
+    /// Replaces the connection timeout ([`DEFAULT_CONNECT_TIMEOUT`] unless set).
+    pub fn with_connect_timeout(mut self, connect_timeout: Duration) -> Self {
+        self.connect_timeout = connect_timeout;
+        self
+    }
+
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+}
+
+impl RaftNetworkFactory<KilnRaft> for TcpNetwork {
+    type Network = TcpLink;
+
+    async fn new_client(&mut self, target: NodeId, _node: &EmptyNode) -> TcpLink {
+        // No connection yet: openraft creates clients eagerly and expects them not to fail.
+        TcpLink {
+            group: self.group.clone(),
+            target,
+            addr: self.peers.get(&target).cloned(),
+            rpc_timeout: self.rpc_timeout,
+            connect_timeout: self.connect_timeout,
+            stream: None,
+        }
+    }
+}
+
+/// One group's link to one target: a TCP stream, connected on first use and again after any
+/// failure.
+pub struct TcpLink {
+    group: Arc<str>,
+    target: NodeId,
+    addr: Option<String>,
+    rpc_timeout: Duration,
+    connect_timeout: Duration,
+    /// `None` until connected, and after any failure: a stream whose request or response may
+    /// be half sent or half read is never reused.
+    stream: Option<TcpStream>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("raft transport to node {target} ({group}): {reason}")]
+struct TransportError {
+    target: NodeId,
+    group: Arc<str>,
+    reason: String,
+}
+
+enum CallError {
+    /// Connection refused or failed, the peer answered with an error, or the exchange broke:
+    /// openraft backs off before trying this peer again.
+    Unreachable(String),
+    /// Connected, but no answer in time.
+    Timeout(Duration),
+    /// The request would not fit in one frame.
+    TooLarge,
+}
+
+impl TcpLink {
+    pub fn target(&self) -> NodeId {
+        self.target
+    }
+
+    fn rpc_error<E: std::error::Error>(
+        &self,
+        err: CallError,
+        action: RPCTypes,
+        from: NodeId,
+    ) -> RPCError<NodeId, EmptyNode, E> {
+        match err {
+            CallError::Timeout(timeout) => RPCError::Timeout(Timeout {
+                action,
+                id: from,
+                target: self.target,
+                timeout,
+            }),
+            CallError::Unreachable(reason) => self.unreachable(reason),
+            CallError::TooLarge => self.unreachable("request over the frame size limit".into()),
+        }
+    }
+
+    fn unreachable<E: std::error::Error>(&self, reason: String) -> RPCError<NodeId, EmptyNode, E> {
+        tracing::debug!(target_node = self.target, group = %self.group, %reason, "raft rpc failed");
+        RPCError::Unreachable(Unreachable::new(&TransportError {
+            target: self.target,
+            group: self.group.clone(),
+            reason,
+        }))
+    }
+
+    async fn connect(&self, deadline: Instant) -> Result<TcpStream, CallError> {
+        let Some(addr) = self.addr.as_deref() else {
+            return Err(CallError::Unreachable(format!(
+                "no address for node {}",
+                self.target
+            )));
+        };
+        let limit = self
+            .connect_timeout
+            .min(deadline.saturating_duration_since(Instant::now()));
+        let stream = match tokio::time::timeout(limit, TcpStream::connect(addr)).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => return Err(CallError::Unreachable(format!("connect to {addr}: {e}"))),
+            Err(_) => {
+                return Err(CallError::Unreachable(format!(
+                    "connect to {addr}: no answer in {limit:?}"
+                )))
+            }
+        };
+        // One small frame at a time, each awaited: Nagle's algorithm would only add latency.
+        stream
+            .set_nodelay(true)
+            .map_err(|e| CallError::Unreachable(format!("set TCP_NODELAY: {e}")))?;
+        Ok(stream)
+    }
+
+    /// Sends `request` and returns the response, which is of kind `expect`.
+    async fn call(
+        &mut self,
+        request: &Message,
+        expect: u8,
+        option: &RPCOption,
+    ) -> Result<Message, CallError> {
+        let frame = match codec::encode(&self.group, request) {
+            Ok(frame) => frame,
+            Err(CodecError::TooLarge { .. }) => return Err(CallError::TooLarge),
+            Err(e) => return Err(CallError::Unreachable(e.to_string())),
+        };
+        let budget = self.rpc_timeout.min(option.hard_ttl());
+        let deadline = Instant::now() + budget;
+        // Taken out for the exchange: if openraft drops this future part way (its own
+        // deadline), the stream goes with it instead of staying behind out of step.
+        let mut stream = match self.stream.take() {
+            Some(stream) => stream,
+            None => self.connect(deadline).await?,
+        };
+        let exchange = async {
+            stream.write_all(&frame).await?;
+            codec::read_frame(&mut stream).await
+        };
+        let (group, response) = match tokio::time::timeout_at(deadline, exchange).await {
+            Err(_) => return Err(CallError::Timeout(budget)),
+            Ok(Err(e)) => return Err(CallError::Unreachable(e.to_string())),
+            Ok(Ok(None)) => {
+                return Err(CallError::Unreachable(
+                    "connection closed by the peer".into(),
+                ))
+            }
+            Ok(Ok(Some(frame))) => frame,
+        };
+        if let Message::Error(reason) = response {
+            // An error naming this group ("unknown group" while the peer is still creating
+            // it, a stopped node) leaves the connection usable, which spares a reconnect per
+            // retry; one naming no group comes before the server closes its end.
+            if *group == *self.group {
+                self.stream = Some(stream);
+            }
+            return Err(CallError::Unreachable(format!("peer refused: {reason}")));
+        }
+        if response.kind() != expect || *group != *self.group {
+            return Err(CallError::Unreachable(format!(
+                "protocol error: expected {} for {:?}, got {} for {group:?}",
+                KindName(expect),
+                self.group,
+                KindName(response.kind()),
+            )));
+        }
+        self.stream = Some(stream);
+        Ok(response)
+    }
+}
+
+impl RaftNetwork<KilnRaft> for TcpLink {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<KilnRaft>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, EmptyNode, RaftError<NodeId>>> {
+        // The sender is the leader the request's vote names (the network is not told its own
+        // id); it only labels a timeout error.
+        let from = rpc.vote.leader_id.voted_for.unwrap_or_default();
+        let entries = rpc.entries.len() as u64;
+        let request = Message::AppendEntries {
+            target: self.target,
+            rpc,
+        };
+        match self
+            .call(&request, codec::KIND_APPEND_RESPONSE, &option)
+            .await
+        {
+            Ok(Message::AppendEntriesResponse(resp)) => Ok(resp),
+            Ok(other) => Err(self.unreachable(format!("unexpected response {other:?}"))),
+            // openraft retries at once with at most this many entries.
+            Err(CallError::TooLarge) if entries > 1 => Err(RPCError::PayloadTooLarge(
+                PayloadTooLarge::new_entries_hint(entries / 2),
+            )),
+            Err(e) => Err(self.rpc_error(e, RPCTypes::AppendEntries, from)),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        _rpc: InstallSnapshotRequest<KilnRaft>,
+        _option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, EmptyNode, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        // Snapshots are never built (SnapshotPolicy::Never) and the log is never purged, so a
+        // follower is always caught up from the log and this is never called.
+        Err(self.unreachable("snapshots are not used (SnapshotPolicy::Never)".into()))
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, EmptyNode, RaftError<NodeId>>> {
+        let from = rpc.vote.leader_id.voted_for.unwrap_or_default();
+        let request = Message::Vote {
+            target: self.target,
+            rpc,
+        };
+        match self
+            .call(&request, codec::KIND_VOTE_RESPONSE, &option)
+            .await
+        {
+            Ok(Message::VoteResponse(resp)) => Ok(resp),
+            Ok(other) => Err(self.unreachable(format!("unexpected response {other:?}"))),
+            Err(e) => Err(self.rpc_error(e, RPCTypes::Vote, from)),
+        }
+    }
+
+    fn backoff(&self) -> Backoff {
+        Backoff::new(std::iter::repeat(BACKOFF))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::net::{serve, GroupTable};
+    use crate::types::Vote;
+
+    /// "Unknown group" is what a peer answers while it is still creating the group, for as
+    /// long as that takes: the link keeps its connection rather than reconnecting per retry.
+    #[tokio::test]
+    async fn an_error_for_this_group_keeps_the_connection() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = tokio::spawn(serve(listener, Arc::new(GroupTable::new())));
+        let peers = Arc::new(BTreeMap::from([(2, addr)]));
+        let mut network = TcpNetwork::new("orders/1", peers, Duration::from_secs(5));
+        let mut link = network.new_client(2, &EmptyNode {}).await;
+        let option = RPCOption::new(Duration::from_secs(5));
+        for _ in 0..3 {
+            let answer = link
+                .vote(VoteRequest::new(Vote::new(1, 1), None), option.clone())
+                .await;
+            assert!(matches!(answer, Err(RPCError::Unreachable(_))));
+            assert!(link.stream.is_some());
+        }
+        server.abort();
+    }
+}

@@ -1,0 +1,718 @@
+//! The wire format of Raft RPCs between brokers.
+//!
+//! Frame: `[len u32 BE][crc32c u32 BE of the body][body; len bytes]`.
+//! Body: `[kind u8][group-name length u16 BE][group name, UTF-8][payload]`.
+//!
+//! | kind | message | payload |
+//! |---|---|---|
+//! | 1 | AppendEntries request | `target u64, vote, prev_log_id?, leader_commit?, count u32, count × [len u32, entry]` |
+//! | 2 | AppendEntries response | `tag u8`: 0 Success, 1 PartialSuccess + `log_id?`, 2 Conflict, 3 HigherVote + `vote` |
+//! | 3 | Vote request | `target u64, vote, last_log_id?` |
+//! | 4 | Vote response | `vote, granted u8, last_log_id?` |
+//! | 5 | Error response | the reason, UTF-8 |
+//!
+//! `vote` is `term u64, has_node u8, node u64, committed u8` and an entry is a `raft.log`
+//! record's payload: both are log_store's encodings, so the disk and the wire cannot drift
+//! apart. `log_id?` is `0u8`, or `1u8, term u64, index u64`. `target` is the node the sender
+//! means to reach, so a peer address that points at the wrong broker is refused instead of a
+//! vote or an acknowledgement being counted for the wrong node.
+//!
+//! Decoding never trusts a length: a frame over [`MAX_FRAME_BYTES`], a bad CRC, a short or
+//! over-long payload, an unknown kind or tag, all are errors, never a panic.
+
+use std::fmt;
+use std::io;
+
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
+use openraft::CommittedLeaderId;
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use crate::log_store::{
+    decode_entry, decode_vote, encode_entry_payload, encode_vote_payload, VOTE_BYTES,
+};
+use crate::types::{KilnRaft, LogId, NodeId, Vote};
+
+/// Largest frame body accepted or sent. An AppendEntries carries at most
+/// `max_payload_entries` (64) entries, each one produce request's batches, so this is far
+/// above any legitimate frame; a length past it is a corrupt or foreign stream.
+pub const MAX_FRAME_BYTES: usize = 256 << 20;
+
+const HEADER: usize = 8;
+/// Kind byte and group-name length: the least a body holds.
+const MIN_BODY: usize = 3;
+
+pub(crate) const KIND_APPEND: u8 = 1;
+pub(crate) const KIND_APPEND_RESPONSE: u8 = 2;
+pub(crate) const KIND_VOTE: u8 = 3;
+pub(crate) const KIND_VOTE_RESPONSE: u8 = 4;
+pub(crate) const KIND_ERROR: u8 = 5;
+
+/// Why a frame could not be encoded or decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum CodecError {
+    #[error("frame of {len} bytes is over the {max}-byte limit")]
+    TooLarge { len: usize, max: usize },
+    #[error(
+        "frame checksum mismatch: header says crc32c {expected:#010x}, body has {actual:#010x}"
+    )]
+    BadCrc { expected: u32, actual: u32 },
+    #[error("connection closed in the middle of a frame")]
+    Truncated,
+    #[error("malformed frame: {0}")]
+    Malformed(String),
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+fn malformed(what: impl Into<String>) -> CodecError {
+    CodecError::Malformed(what.into())
+}
+
+/// One RPC message.
+pub enum Message {
+    /// AppendEntries for the replica with node id `target`.
+    AppendEntries {
+        target: NodeId,
+        rpc: AppendEntriesRequest<KilnRaft>,
+    },
+    AppendEntriesResponse(AppendEntriesResponse<NodeId>),
+    /// Vote request for the replica with node id `target`.
+    Vote {
+        target: NodeId,
+        rpc: VoteRequest<NodeId>,
+    },
+    VoteResponse(VoteResponse<NodeId>),
+    /// The request was not served (unknown group, wrong node, Raft stopped, bad frame).
+    Error(String),
+}
+
+impl Message {
+    pub fn kind(&self) -> u8 {
+        match self {
+            Message::AppendEntries { .. } => KIND_APPEND,
+            Message::AppendEntriesResponse(_) => KIND_APPEND_RESPONSE,
+            Message::Vote { .. } => KIND_VOTE,
+            Message::VoteResponse(_) => KIND_VOTE_RESPONSE,
+            Message::Error(_) => KIND_ERROR,
+        }
+    }
+}
+
+/// Names a kind byte in errors and logs.
+pub struct KindName(pub u8);
+
+impl fmt::Display for KindName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            KIND_APPEND => f.write_str("AppendEntries request"),
+            KIND_APPEND_RESPONSE => f.write_str("AppendEntries response"),
+            KIND_VOTE => f.write_str("Vote request"),
+            KIND_VOTE_RESPONSE => f.write_str("Vote response"),
+            KIND_ERROR => f.write_str("Error response"),
+            other => write!(f, "kind {other}"),
+        }
+    }
+}
+
+impl fmt::Debug for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Message::AppendEntries { target, rpc } => {
+                write!(f, "AppendEntries(to {target}: {rpc:?})")
+            }
+            Message::AppendEntriesResponse(r) => write!(f, "AppendEntriesResponse({r:?})"),
+            Message::Vote { target, rpc } => write!(f, "Vote(to {target}: {rpc:?})"),
+            Message::VoteResponse(r) => write!(f, "VoteResponse({r:?})"),
+            Message::Error(reason) => write!(f, "Error({reason:?})"),
+        }
+    }
+}
+
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_be_bytes());
+}
+
+fn put_log_id(out: &mut Vec<u8>, log_id: &Option<LogId>) {
+    match log_id {
+        None => out.push(0),
+        Some(id) => {
+            out.push(1);
+            put_u64(out, id.leader_id.term);
+            put_u64(out, id.index);
+        }
+    }
+}
+
+/// Encodes one whole frame, header included, ready to write.
+pub fn encode(group: &str, message: &Message) -> Result<Vec<u8>, CodecError> {
+    let group_len = u16::try_from(group.len())
+        .map_err(|_| malformed(format!("group name of {} bytes", group.len())))?;
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(&[0; HEADER]);
+    out.push(message.kind());
+    out.extend_from_slice(&group_len.to_be_bytes());
+    out.extend_from_slice(group.as_bytes());
+    match message {
+        Message::AppendEntries { target, rpc } => {
+            put_u64(&mut out, *target);
+            encode_vote_payload(&rpc.vote, &mut out);
+            put_log_id(&mut out, &rpc.prev_log_id);
+            put_log_id(&mut out, &rpc.leader_commit);
+            let count =
+                u32::try_from(rpc.entries.len()).map_err(|_| malformed("too many entries"))?;
+            out.extend_from_slice(&count.to_be_bytes());
+            for entry in &rpc.entries {
+                // Length slot first, patched once the entry is written: one buffer, no copy.
+                let slot = out.len();
+                out.extend_from_slice(&[0; 4]);
+                encode_entry_payload(entry, &mut out);
+                let len = out.len() - slot - 4;
+                if len > MAX_FRAME_BYTES {
+                    return Err(CodecError::TooLarge {
+                        len,
+                        max: MAX_FRAME_BYTES,
+                    });
+                }
+                out[slot..slot + 4].copy_from_slice(&(len as u32).to_be_bytes());
+            }
+        }
+        Message::AppendEntriesResponse(resp) => match resp {
+            AppendEntriesResponse::Success => out.push(0),
+            AppendEntriesResponse::PartialSuccess(matching) => {
+                out.push(1);
+                put_log_id(&mut out, matching);
+            }
+            AppendEntriesResponse::Conflict => out.push(2),
+            AppendEntriesResponse::HigherVote(vote) => {
+                out.push(3);
+                encode_vote_payload(vote, &mut out);
+            }
+        },
+        Message::Vote { target, rpc } => {
+            put_u64(&mut out, *target);
+            encode_vote_payload(&rpc.vote, &mut out);
+            put_log_id(&mut out, &rpc.last_log_id);
+        }
+        Message::VoteResponse(resp) => {
+            encode_vote_payload(&resp.vote, &mut out);
+            out.push(u8::from(resp.vote_granted));
+            put_log_id(&mut out, &resp.last_log_id);
+        }
+        Message::Error(reason) => out.extend_from_slice(reason.as_bytes()),
+    }
+    let len = out.len() - HEADER;
+    if len > MAX_FRAME_BYTES {
+        return Err(CodecError::TooLarge {
+            len,
+            max: MAX_FRAME_BYTES,
+        });
+    }
+    let crc = crc32c::crc32c(&out[HEADER..]);
+    out[0..4].copy_from_slice(&(len as u32).to_be_bytes());
+    out[4..8].copy_from_slice(&crc.to_be_bytes());
+    Ok(out)
+}
+
+/// A bounds-checked cursor over a frame body.
+struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], CodecError> {
+        let end = self
+            .at
+            .checked_add(n)
+            .ok_or_else(|| malformed(format!("{what}: length overflows")))?;
+        let out = self
+            .buf
+            .get(self.at..end)
+            .ok_or_else(|| malformed(format!("{what}: body ends early")))?;
+        self.at = end;
+        Ok(out)
+    }
+    fn u8(&mut self, what: &str) -> Result<u8, CodecError> {
+        Ok(self.take(1, what)?[0])
+    }
+    fn u16(&mut self, what: &str) -> Result<u16, CodecError> {
+        let b = self.take(2, what)?;
+        Ok(u16::from_be_bytes([b[0], b[1]]))
+    }
+    fn u32(&mut self, what: &str) -> Result<u32, CodecError> {
+        let b = self.take(4, what)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self, what: &str) -> Result<u64, CodecError> {
+        let b = self.take(8, what)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_be_bytes(a))
+    }
+    fn bool(&mut self, what: &str) -> Result<bool, CodecError> {
+        match self.u8(what)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            other => Err(malformed(format!("{what}: {other} is not a boolean"))),
+        }
+    }
+    fn vote(&mut self, what: &str) -> Result<Vote, CodecError> {
+        let bytes = self.take(VOTE_BYTES, what)?;
+        decode_vote(bytes).ok_or_else(|| malformed(format!("{what}: bad vote")))
+    }
+    fn log_id(&mut self, what: &str) -> Result<Option<LogId>, CodecError> {
+        if !self.bool(what)? {
+            return Ok(None);
+        }
+        let term = self.u64(what)?;
+        let index = self.u64(what)?;
+        // With one leader per term a committed leader id is the term alone.
+        Ok(Some(LogId::new(CommittedLeaderId::new(term, 0), index)))
+    }
+    fn rest(&mut self) -> &'a [u8] {
+        let out = self.buf.get(self.at..).unwrap_or(&[]);
+        self.at = self.buf.len();
+        out
+    }
+    fn remaining(&self) -> usize {
+        self.buf.len().saturating_sub(self.at)
+    }
+    fn finish(&self, what: &str) -> Result<(), CodecError> {
+        match self.remaining() {
+            0 => Ok(()),
+            n => Err(malformed(format!("{what}: {n} unexpected trailing bytes"))),
+        }
+    }
+}
+
+/// Checks a frame header: the body length it announces, and its CRC.
+pub fn parse_header(header: &[u8; HEADER]) -> Result<(usize, u32), CodecError> {
+    let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
+    let crc = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
+    if len > MAX_FRAME_BYTES {
+        return Err(CodecError::TooLarge {
+            len,
+            max: MAX_FRAME_BYTES,
+        });
+    }
+    if len < MIN_BODY {
+        return Err(malformed(format!("body of {len} bytes")));
+    }
+    Ok((len, crc))
+}
+
+/// Decodes a frame body whose header announced `crc`: the group name and the message.
+pub fn decode_body(body: &[u8], crc: u32) -> Result<(String, Message), CodecError> {
+    let actual = crc32c::crc32c(body);
+    if actual != crc {
+        return Err(CodecError::BadCrc {
+            expected: crc,
+            actual,
+        });
+    }
+    let mut r = Reader { buf: body, at: 0 };
+    let kind = r.u8("kind")?;
+    let group_len = usize::from(r.u16("group name length")?);
+    let group = std::str::from_utf8(r.take(group_len, "group name")?)
+        .map_err(|_| malformed("group name is not UTF-8"))?
+        .to_string();
+    let message = match kind {
+        KIND_APPEND => {
+            let target = r.u64("target")?;
+            let vote = r.vote("vote")?;
+            let prev_log_id = r.log_id("prev_log_id")?;
+            let leader_commit = r.log_id("leader_commit")?;
+            let count = r.u32("entry count")? as usize;
+            // Every entry takes at least its 4-byte length, so a count past that is a lie;
+            // capacity is bounded by what actually arrived.
+            let mut entries = Vec::with_capacity(count.min(r.remaining() / 4));
+            for _ in 0..count {
+                let len = r.u32("entry length")? as usize;
+                let bytes = r.take(len, "entry")?;
+                entries.push(decode_entry(bytes).ok_or_else(|| malformed("bad entry"))?);
+            }
+            Message::AppendEntries {
+                target,
+                rpc: AppendEntriesRequest {
+                    vote,
+                    prev_log_id,
+                    leader_commit,
+                    entries,
+                },
+            }
+        }
+        KIND_APPEND_RESPONSE => Message::AppendEntriesResponse(match r.u8("response tag")? {
+            0 => AppendEntriesResponse::Success,
+            1 => AppendEntriesResponse::PartialSuccess(r.log_id("matching")?),
+            2 => AppendEntriesResponse::Conflict,
+            3 => AppendEntriesResponse::HigherVote(r.vote("higher vote")?),
+            other => return Err(malformed(format!("AppendEntries response tag {other}"))),
+        }),
+        KIND_VOTE => {
+            let target = r.u64("target")?;
+            let vote = r.vote("vote")?;
+            let last_log_id = r.log_id("last_log_id")?;
+            Message::Vote {
+                target,
+                rpc: VoteRequest { vote, last_log_id },
+            }
+        }
+        KIND_VOTE_RESPONSE => {
+            let vote = r.vote("vote")?;
+            let vote_granted = r.bool("vote_granted")?;
+            let last_log_id = r.log_id("last_log_id")?;
+            Message::VoteResponse(VoteResponse {
+                vote,
+                vote_granted,
+                last_log_id,
+            })
+        }
+        KIND_ERROR => Message::Error(
+            String::from_utf8(r.rest().to_vec())
+                .map_err(|_| malformed("error reason is not UTF-8"))?,
+        ),
+        other => return Err(malformed(format!("unknown message kind {other}"))),
+    };
+    r.finish(&KindName(kind).to_string())?;
+    Ok((group, message))
+}
+
+/// Reads one frame. `Ok(None)` when the stream ends cleanly between frames.
+pub async fn read_frame<R>(r: &mut R) -> Result<Option<(String, Message)>, CodecError>
+where
+    R: AsyncRead + Unpin,
+{
+    let mut header = [0u8; HEADER];
+    let mut got = 0;
+    while got < HEADER {
+        match r.read(&mut header[got..]).await? {
+            0 if got == 0 => return Ok(None),
+            0 => return Err(CodecError::Truncated),
+            n => got += n,
+        }
+    }
+    let (len, crc) = parse_header(&header)?;
+    // The buffer grows with what actually arrives rather than with what the header claims,
+    // so a lying length costs at most what the peer really sends.
+    let mut body = Vec::with_capacity(len.min(64 << 10));
+    (&mut *r).take(len as u64).read_to_end(&mut body).await?;
+    if body.len() < len {
+        return Err(CodecError::Truncated);
+    }
+    decode_body(&body, crc).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::collections::BTreeSet;
+
+    use bytes::Bytes;
+    use openraft::{EntryPayload, Membership};
+
+    use super::*;
+    use crate::sim::build_batch;
+    use crate::types::{Batches, Entry};
+
+    fn lid(term: u64, index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(term, 0), index)
+    }
+
+    fn decode_all(frame: &[u8]) -> (String, Message) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut input = frame;
+        let out = rt.block_on(read_frame(&mut input)).unwrap().unwrap();
+        assert!(input.is_empty(), "the whole frame is consumed");
+        out
+    }
+
+    fn read_err(bytes: &[u8]) -> CodecError {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut input = bytes;
+        match rt.block_on(read_frame(&mut input)) {
+            Err(e) => e,
+            Ok(m) => panic!("expected an error, got {m:?}"),
+        }
+    }
+
+    fn entries() -> Vec<Entry> {
+        let batch = build_batch(&[b"one".to_vec(), b"two".to_vec()], 1_700_000_000_000);
+        let mut two = build_batch(&[b"three".to_vec()], 1_700_000_000_001);
+        two.extend_from_slice(&build_batch(&[vec![7u8; 3000]], 1_700_000_000_002));
+        vec![
+            Entry {
+                log_id: lid(0, 1),
+                payload: EntryPayload::Membership(Membership::new(
+                    vec![BTreeSet::from([1, 2, 3])],
+                    BTreeSet::from([1, 2, 3]),
+                )),
+            },
+            Entry {
+                log_id: lid(4, 2),
+                payload: EntryPayload::Blank,
+            },
+            Entry {
+                log_id: lid(4, 3),
+                payload: EntryPayload::Normal(Batches(Bytes::from(batch))),
+            },
+            Entry {
+                log_id: lid(4, 4),
+                payload: EntryPayload::Normal(Batches(Bytes::from(two))),
+            },
+        ]
+    }
+
+    fn votes() -> Vec<Vote> {
+        vec![
+            Vote::new(0, 0),
+            Vote::new(7, 3),
+            Vote::new_committed(u64::MAX, u64::MAX),
+            Vote {
+                leader_id: openraft::LeaderId {
+                    term: 9,
+                    voted_for: None,
+                },
+                committed: false,
+            },
+        ]
+    }
+
+    fn log_ids() -> Vec<Option<LogId>> {
+        vec![
+            None,
+            Some(lid(0, 0)),
+            Some(lid(3, 17)),
+            Some(lid(u64::MAX, u64::MAX)),
+        ]
+    }
+
+    fn assert_same_entries(a: &[Entry], b: &[Entry]) {
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(b) {
+            assert_eq!(x.log_id, y.log_id);
+            assert_eq!(format!("{:?}", x.payload), format!("{:?}", y.payload));
+        }
+    }
+
+    #[test]
+    fn append_entries_requests_round_trip() {
+        for vote in votes() {
+            for prev in log_ids() {
+                for (commit, entries) in [(None, vec![]), (Some(lid(4, 3)), entries())] {
+                    let msg = Message::AppendEntries {
+                        target: 2,
+                        rpc: AppendEntriesRequest {
+                            vote,
+                            prev_log_id: prev,
+                            leader_commit: commit,
+                            entries: entries.clone(),
+                        },
+                    };
+                    let frame = encode("orders/3", &msg).unwrap();
+                    let (group, back) = decode_all(&frame);
+                    assert_eq!(group, "orders/3");
+                    let Message::AppendEntries { target, rpc } = back else {
+                        panic!("wrong kind: {back:?}");
+                    };
+                    assert_eq!(target, 2);
+                    assert_eq!(rpc.vote, vote);
+                    assert_eq!(rpc.prev_log_id, prev);
+                    assert_eq!(rpc.leader_commit, commit);
+                    assert_same_entries(&rpc.entries, &entries);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn responses_and_vote_requests_round_trip() {
+        let mut append_responses = vec![
+            AppendEntriesResponse::Success,
+            AppendEntriesResponse::Conflict,
+        ];
+        for id in log_ids() {
+            append_responses.push(AppendEntriesResponse::PartialSuccess(id));
+        }
+        for vote in votes() {
+            append_responses.push(AppendEntriesResponse::HigherVote(vote));
+        }
+        for resp in append_responses {
+            // AppendEntriesResponse is not Clone: encode a rebuilt copy.
+            let copy = match &resp {
+                AppendEntriesResponse::Success => AppendEntriesResponse::Success,
+                AppendEntriesResponse::PartialSuccess(m) => {
+                    AppendEntriesResponse::PartialSuccess(*m)
+                }
+                AppendEntriesResponse::Conflict => AppendEntriesResponse::Conflict,
+                AppendEntriesResponse::HigherVote(v) => AppendEntriesResponse::HigherVote(*v),
+            };
+            let frame = encode(
+                "__cluster_metadata/0",
+                &Message::AppendEntriesResponse(copy),
+            )
+            .unwrap();
+            let (group, back) = decode_all(&frame);
+            assert_eq!(group, "__cluster_metadata/0");
+            assert!(matches!(back, Message::AppendEntriesResponse(r) if r == resp));
+        }
+        for vote in votes() {
+            for last in log_ids() {
+                let rpc = VoteRequest::new(vote, last);
+                let frame = encode(
+                    "g",
+                    &Message::Vote {
+                        target: 3,
+                        rpc: rpc.clone(),
+                    },
+                )
+                .unwrap();
+                let (_, back) = decode_all(&frame);
+                assert!(matches!(back, Message::Vote { target: 3, rpc: r } if r == rpc));
+                for granted in [false, true] {
+                    let resp = VoteResponse {
+                        vote,
+                        vote_granted: granted,
+                        last_log_id: last,
+                    };
+                    let frame = encode("g", &Message::VoteResponse(resp.clone())).unwrap();
+                    let (_, back) = decode_all(&frame);
+                    assert!(matches!(back, Message::VoteResponse(r) if r == resp));
+                }
+            }
+        }
+        for reason in ["", "unknown group \"orders/3\"", "raft: raft stopped ✓"] {
+            let frame = encode("", &Message::Error(reason.to_string())).unwrap();
+            let (group, back) = decode_all(&frame);
+            assert_eq!(group, "");
+            assert!(matches!(back, Message::Error(r) if r == reason));
+        }
+    }
+
+    fn sample_frame() -> Vec<u8> {
+        encode(
+            "orders/3",
+            &Message::AppendEntries {
+                target: 1,
+                rpc: AppendEntriesRequest {
+                    vote: Vote::new_committed(4, 1),
+                    prev_log_id: Some(lid(4, 1)),
+                    leader_commit: Some(lid(4, 1)),
+                    entries: entries(),
+                },
+            },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_corrupt_body_fails_its_crc() {
+        let frame = sample_frame();
+        for at in [HEADER, HEADER + 1, HEADER + 20, frame.len() - 1] {
+            let mut bad = frame.clone();
+            bad[at] ^= 0x40;
+            assert!(
+                matches!(read_err(&bad), CodecError::BadCrc { .. }),
+                "flip at {at}"
+            );
+        }
+        let mut bad = frame.clone();
+        bad[5] ^= 1;
+        let e = read_err(&bad);
+        assert!(matches!(e, CodecError::BadCrc { .. }));
+        assert!(e.to_string().contains("checksum"), "{e}");
+    }
+
+    #[test]
+    fn oversized_and_undersized_lengths_are_refused_before_reading_the_body() {
+        let mut header = Vec::new();
+        header.extend_from_slice(&((MAX_FRAME_BYTES + 1) as u32).to_be_bytes());
+        header.extend_from_slice(&0u32.to_be_bytes());
+        let e = read_err(&header);
+        assert!(matches!(e, CodecError::TooLarge { .. }), "{e}");
+        assert!(e.to_string().contains("limit"), "{e}");
+        let mut header = vec![0u8, 0, 0, 2];
+        header.extend_from_slice(&0u32.to_be_bytes());
+        assert!(matches!(read_err(&header), CodecError::Malformed(_)));
+    }
+
+    #[test]
+    fn every_truncation_is_an_error_and_an_empty_stream_is_the_end() {
+        let frame = sample_frame();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut empty: &[u8] = &[];
+        assert!(rt.block_on(read_frame(&mut empty)).unwrap().is_none());
+        for cut in 1..frame.len() {
+            let mut input = &frame[..cut];
+            let e = rt.block_on(read_frame(&mut input)).err();
+            assert!(
+                matches!(e, Some(CodecError::Truncated)),
+                "cut at {cut}: {e:?}"
+            );
+        }
+    }
+
+    /// A body with a valid CRC but a payload cut short, padded, or with a bad tag: the payload
+    /// decoder refuses it rather than reading past the end or ignoring the rest.
+    #[test]
+    fn malformed_payloads_with_valid_crcs_are_refused() {
+        let frame = sample_frame();
+        let body = &frame[HEADER..];
+        for cut in 0..body.len() {
+            let part = &body[..cut];
+            assert!(
+                decode_body(part, crc32c::crc32c(part)).is_err(),
+                "cut at {cut}"
+            );
+        }
+        let mut padded = body.to_vec();
+        padded.push(0);
+        let e = decode_body(&padded, crc32c::crc32c(&padded)).err();
+        assert!(matches!(e, Some(CodecError::Malformed(_))), "{e:?}");
+        for kind in [0u8, 6, 255] {
+            let mut other = body.to_vec();
+            other[0] = kind;
+            assert!(decode_body(&other, crc32c::crc32c(&other)).is_err());
+        }
+        // An entry count far beyond the body does not allocate for it, and fails.
+        let msg = Message::AppendEntries {
+            target: 1,
+            rpc: AppendEntriesRequest {
+                vote: Vote::new(1, 1),
+                prev_log_id: None,
+                leader_commit: None,
+                entries: vec![],
+            },
+        };
+        let frame = encode("g", &msg).unwrap();
+        let mut body = frame[HEADER..].to_vec();
+        let n = body.len();
+        body[n - 4..].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(decode_body(&body, crc32c::crc32c(&body)).is_err());
+        // A vote response whose granted flag is neither 0 nor 1.
+        let frame = encode(
+            "g",
+            &Message::VoteResponse(VoteResponse {
+                vote: Vote::new(1, 1),
+                vote_granted: true,
+                last_log_id: None,
+            }),
+        )
+        .unwrap();
+        let mut body = frame[HEADER..].to_vec();
+        let at = 3 + 1 + VOTE_BYTES;
+        body[at] = 2;
+        assert!(decode_body(&body, crc32c::crc32c(&body)).is_err());
+    }
+
+    #[test]
+    fn a_group_name_too_long_for_its_length_field_is_refused() {
+        let name = "x".repeat(usize::from(u16::MAX) + 1);
+        assert!(encode(&name, &Message::Error(String::new())).is_err());
+    }
+}
