@@ -103,6 +103,8 @@ pub struct Cluster {
     controller_lock: tokio::sync::Mutex<()>,
     /// The id every broker reports, from the metadata log.
     cluster_id: RwLock<Option<String>>,
+    /// The Raft listener and the metadata appliers, stopped by `shutdown`.
+    tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -204,15 +206,19 @@ impl Cluster {
             applied,
             controller_lock: tokio::sync::Mutex::new(()),
             cluster_id: RwLock::new(None),
+            tasks: std::sync::Mutex::new(Vec::new()),
         });
         cluster.insert_replica(metadata);
         cluster.insert_replica(offsets);
-        tokio::spawn(kiln_raft::net::serve(
-            listener,
-            Arc::new(Groups(cluster.clone())),
-        ));
-        tokio::spawn(apply_metadata(cluster.clone()));
-        tokio::spawn(ensure_cluster_id(cluster.clone()));
+        let tasks = vec![
+            tokio::spawn(kiln_raft::net::serve(
+                listener,
+                Arc::new(Groups(cluster.clone())),
+            )),
+            tokio::spawn(apply_metadata(cluster.clone())),
+            tokio::spawn(ensure_cluster_id(cluster.clone())),
+        ];
+        *cluster.tasks.lock().unwrap_or_else(|e| e.into_inner()) = tasks;
         tracing::info!(node_id = p.node_id, raft = %cluster.settings.raft_listen, peers = cluster.brokers.len(), "cluster mode: Raft listener up");
         Ok(cluster)
     }
@@ -455,8 +461,16 @@ impl Cluster {
         }
     }
 
-    /// Stops every Raft node (their logs stay on disk).
+    /// Stops the Raft listener and every Raft node (their logs stay on disk).
     pub async fn shutdown(&self) {
+        for task in self
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            task.abort();
+        }
         for replica in self.replicas() {
             replica.partition.shutdown().await;
         }

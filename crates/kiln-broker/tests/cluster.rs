@@ -1,0 +1,372 @@
+//! Cluster mode with three in-process brokers over real TCP (Kafka and Raft listeners on
+//! loopback): the controller creates topics, leaders alone take writes and serve reads, and a
+//! leader or coordinator that stops hands over without losing an acknowledged record or
+//! committed offset. Killed processes are covered by tests/test_cluster_chaos.py.
+#![allow(clippy::unwrap_used)]
+
+mod groups_common;
+
+use std::time::{Duration, Instant};
+
+use groups_common::{batch, topic_name, TestBroker, T};
+use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::*;
+use kafka_protocol::ResponseError;
+use kiln_broker::{BrokerConfig, ClusterSettings, PeerSettings};
+use kiln_client::Connection;
+
+const NOT_LEADER: i16 = 6;
+const NOT_CONTROLLER: i16 = 41;
+
+/// A port nothing listens on now and that no other test of this binary was given (tests run
+/// in parallel, and the OS may hand a just-released port out again).
+fn free_port() -> u16 {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap();
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
+}
+
+struct Cluster {
+    _dir: tempfile::TempDir,
+    configs: Vec<BrokerConfig>,
+    brokers: Vec<Option<TestBroker>>,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+        let peers: Vec<PeerSettings> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (kafka, raft))| PeerSettings {
+                id: i as i32 + 1,
+                kafka: format!("127.0.0.1:{kafka}"),
+                raft: format!("127.0.0.1:{raft}"),
+            })
+            .collect();
+        let configs: Vec<BrokerConfig> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (kafka, raft))| BrokerConfig {
+                node_id: i as i32 + 1,
+                listen: format!("127.0.0.1:{kafka}").parse().unwrap(),
+                data_dir: dir.path().join(format!("b{}", i + 1)),
+                metrics_listen: "off".into(),
+                group_min_session_timeout_ms: 100,
+                group_check_interval_ms: 20,
+                cluster: Some(ClusterSettings {
+                    raft_listen: format!("127.0.0.1:{raft}").parse().unwrap(),
+                    peers: peers.clone(),
+                    ..ClusterSettings::default()
+                }),
+                ..BrokerConfig::default()
+            })
+            .collect();
+        let mut brokers = Vec::new();
+        for c in &configs {
+            brokers.push(Some(start_one(c.clone()).await));
+        }
+        Cluster {
+            _dir: dir,
+            configs,
+            brokers,
+        }
+    }
+
+    fn live(&self) -> impl Iterator<Item = &TestBroker> {
+        self.brokers.iter().flatten()
+    }
+
+    fn by_id(&self, id: i32) -> &TestBroker {
+        self.brokers[(id - 1) as usize].as_ref().unwrap()
+    }
+
+    async fn stop(&mut self, id: i32) {
+        let b = self.brokers[(id - 1) as usize].take().unwrap();
+        b.stop().await;
+    }
+
+    async fn restart(&mut self, id: i32) {
+        let config = self.configs[(id - 1) as usize].clone();
+        self.brokers[(id - 1) as usize] = Some(start_one(config).await);
+    }
+
+    /// Waits until `check` holds, polling.
+    async fn until<F: Fn(&Cluster) -> Option<R>, R>(&self, what: &str, check: F) -> R {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(r) = check(self) {
+                return r;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The controller's id once one is elected and every live broker agrees.
+    async fn controller(&self) -> i32 {
+        self.until("a controller", |c| {
+            let ids: Vec<i32> = c
+                .live()
+                .map(|b| b.broker.cluster.as_ref().unwrap().controller())
+                .collect();
+            (ids[0] >= 0 && ids.iter().all(|i| *i == ids[0])).then_some(ids[0])
+        })
+        .await
+    }
+
+    /// The leader of a topic partition once every live broker agrees on it.
+    async fn leader(&self, topic: &str, partition: i32) -> i32 {
+        self.leader_other_than(topic, partition, -1).await
+    }
+
+    /// As `leader`, waiting for one other than `old` (a stopped broker).
+    async fn leader_other_than(&self, topic: &str, partition: i32, old: i32) -> i32 {
+        self.until("a partition leader", |c| {
+            let mut ids = Vec::new();
+            for b in c.live() {
+                let cluster = b.broker.cluster.as_ref().unwrap();
+                let t = cluster.topic(topic)?;
+                ids.push(cluster.partition(&t, partition)?.leader().0);
+            }
+            (ids[0] >= 0 && ids[0] != old && ids.iter().all(|i| *i == ids[0])).then_some(ids[0])
+        })
+        .await
+    }
+}
+
+async fn start_one(config: BrokerConfig) -> TestBroker {
+    let dir = config.data_dir.clone();
+    groups_common::start(dir, move |c| *c = config).await
+}
+
+async fn create(conn: &mut Connection, name: &str, partitions: i32) -> i16 {
+    let request = CreateTopicsRequest::default()
+        .with_timeout_ms(5000)
+        .with_topics(vec![CreatableTopic::default()
+            .with_name(topic_name(name))
+            .with_num_partitions(partitions)
+            .with_replication_factor(3)]);
+    let ResponseKind::CreateTopics(r) = conn
+        .call(RequestKind::CreateTopics(request), T)
+        .await
+        .unwrap()
+    else {
+        panic!("CreateTopics")
+    };
+    r.topics[0].error_code
+}
+
+/// (error code, base offset) of one acks=all produce of `n` records.
+async fn produce(conn: &mut Connection, topic: &str, partition: i32, n: usize) -> (i16, i64) {
+    let request = ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(5000)
+        .with_topic_data(vec![TopicProduceData::default()
+            .with_name(topic_name(topic))
+            .with_partition_data(vec![PartitionProduceData::default()
+                .with_index(partition)
+                .with_records(Some(batch(n, 1_000)))])]);
+    let ResponseKind::Produce(r) = conn.call(RequestKind::Produce(request), T).await.unwrap()
+    else {
+        panic!("Produce")
+    };
+    let p = &r.responses[0].partition_responses[0];
+    (p.error_code, p.base_offset)
+}
+
+/// (error code, high watermark, record bytes) of one fetch from offset 0.
+async fn fetch(conn: &mut Connection, topic: &str, partition: i32) -> (i16, i64, usize) {
+    let request = FetchRequest::default()
+        .with_max_wait_ms(0)
+        .with_min_bytes(0)
+        .with_max_bytes(1 << 20)
+        .with_topics(vec![FetchTopic::default()
+            .with_topic(topic_name(topic))
+            .with_partitions(vec![FetchPartition::default()
+                .with_partition(partition)
+                .with_fetch_offset(0)
+                .with_partition_max_bytes(1 << 20)])]);
+    let ResponseKind::Fetch(r) = conn.call(RequestKind::Fetch(request), T).await.unwrap() else {
+        panic!("Fetch")
+    };
+    let p = &r.responses[0].partitions[0];
+    (
+        p.error_code,
+        p.high_watermark,
+        p.records.as_ref().map_or(0, |b| b.len()),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_creates_topics_and_only_leaders_take_writes_and_serve_reads() {
+    let cluster = Cluster::start().await;
+    let controller = cluster.controller().await;
+    let other = if controller == 1 { 2 } else { 1 };
+    let mut conn = cluster.by_id(other).connect().await;
+    assert_eq!(create(&mut conn, "orders", 3).await, NOT_CONTROLLER);
+    let mut conn = cluster.by_id(controller).connect().await;
+    assert_eq!(create(&mut conn, "orders", 3).await, 0);
+    assert_eq!(
+        create(&mut conn, "orders", 3).await,
+        ResponseError::TopicAlreadyExists.code()
+    );
+
+    // Every broker learned the topic from the metadata log, with one assignment: each broker
+    // is the preferred leader of one partition and holds a replica of all three.
+    let assignments = cluster
+        .until("the topic on every broker", |c| {
+            let seen: Vec<Vec<Vec<i32>>> = c
+                .live()
+                .filter_map(|b| b.broker.cluster.as_ref().unwrap().topic("orders"))
+                .map(|t| t.assignments.clone())
+                .collect();
+            (seen.len() == 3 && seen.iter().all(|a| *a == seen[0])).then(|| seen[0].clone())
+        })
+        .await;
+    let mut preferred: Vec<i32> = assignments.iter().map(|r| r[0]).collect();
+    preferred.sort_unstable();
+    assert_eq!(preferred, vec![1, 2, 3], "{assignments:?}");
+    assert!(assignments.iter().all(|r| r.len() == 3));
+
+    let leader = cluster.leader("orders", 0).await;
+    let follower = if leader == 1 { 2 } else { 1 };
+    let mut to_follower = cluster.by_id(follower).connect().await;
+    assert_eq!(
+        produce(&mut to_follower, "orders", 0, 5).await.0,
+        NOT_LEADER
+    );
+    assert_eq!(fetch(&mut to_follower, "orders", 0).await.0, NOT_LEADER);
+
+    let mut to_leader = cluster.by_id(leader).connect().await;
+    assert_eq!(produce(&mut to_leader, "orders", 0, 5).await, (0, 0));
+    assert_eq!(produce(&mut to_leader, "orders", 0, 3).await, (0, 5));
+    let (code, high_watermark, bytes) = fetch(&mut to_leader, "orders", 0).await;
+    assert_eq!((code, high_watermark), (0, 8));
+    assert!(bytes > 0);
+
+    // Every replica reaches the same high watermark.
+    cluster
+        .until("replicas to converge", |c| {
+            c.live()
+                .all(|b| {
+                    let cl = b.broker.cluster.as_ref().unwrap();
+                    let t = cl.topic("orders").unwrap();
+                    cl.partition(&t, 0).unwrap().partition.high_watermark() == 8
+                })
+                .then_some(())
+        })
+        .await;
+
+    // Metadata from any broker names the same leader and all three replicas.
+    let ResponseKind::Metadata(md) = to_follower
+        .call(
+            RequestKind::Metadata(MetadataRequest::default().with_topics(None)),
+            T,
+        )
+        .await
+        .unwrap()
+    else {
+        panic!("Metadata")
+    };
+    assert_eq!(md.brokers.len(), 3);
+    let p0 = &md.topics[0].partitions[0];
+    assert_eq!(p0.leader_id.0, leader);
+    assert_eq!(p0.replica_nodes.len(), 3);
+    assert!(p0.leader_epoch > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_leader_and_coordinator_hand_over_every_acknowledged_record_and_offset() {
+    let mut cluster = Cluster::start().await;
+    let controller = cluster.controller().await;
+    let mut conn = cluster.by_id(controller).connect().await;
+    assert_eq!(create(&mut conn, "jobs", 1).await, 0);
+    let leader = cluster.leader("jobs", 0).await;
+    let mut to_leader = cluster.by_id(leader).connect().await;
+    for i in 0..10 {
+        assert_eq!(produce(&mut to_leader, "jobs", 0, 4).await, (0, i * 4));
+    }
+
+    // Commit offset 17 for group g through its coordinator (the offsets group's leader).
+    let coordinator = cluster
+        .until("a coordinator", |c| {
+            let b = c.live().next()?;
+            let id = b.broker.cluster.as_ref().unwrap().offsets.leader().0;
+            (id > 0 && c.by_id(id).broker.groups.store().is_serving()).then_some(id)
+        })
+        .await;
+    let mut to_coordinator = cluster.by_id(coordinator).connect().await;
+    assert_eq!(commit(&mut to_coordinator, "g", "jobs", 17).await, 0);
+    assert_eq!(committed(&mut to_coordinator, "g", "jobs").await, (0, 17));
+
+    // Stop the partition leader (and only it: two of three brokers stay up, so every group
+    // keeps a majority). Its open connections go first, since they hold the broker.
+    drop((conn, to_leader, to_coordinator));
+    cluster.stop(leader).await;
+    let new_leader = cluster.leader_other_than("jobs", 0, leader).await;
+    assert_ne!(new_leader, leader);
+    let mut conn = cluster.by_id(new_leader).connect().await;
+    let (code, high_watermark, _) = fetch(&mut conn, "jobs", 0).await;
+    assert_eq!(
+        (code, high_watermark),
+        (0, 40),
+        "no acknowledged record lost"
+    );
+    assert_eq!(produce(&mut conn, "jobs", 0, 2).await, (0, 40));
+
+    // The committed offset survives its coordinator's stop (if that was the one stopped, a new
+    // coordinator rebuilt it from the replicated log).
+    let coordinator = cluster
+        .until("a serving coordinator", |c| {
+            c.live()
+                .find(|b| b.broker.groups.store().is_serving())
+                .map(|b| b.broker.config.node_id)
+        })
+        .await;
+    let mut to_coordinator = cluster.by_id(coordinator).connect().await;
+    assert_eq!(committed(&mut to_coordinator, "g", "jobs").await, (0, 17));
+    // Followers refuse group requests and point clients at the coordinator.
+    let follower = cluster
+        .live()
+        .map(|b| b.broker.config.node_id)
+        .find(|id| *id != coordinator)
+        .unwrap();
+    let mut to_follower = cluster.by_id(follower).connect().await;
+    assert_eq!(
+        commit(&mut to_follower, "g", "jobs", 18).await,
+        ResponseError::NotCoordinator.code()
+    );
+
+    // The stopped broker comes back and catches up from its peers.
+    cluster.restart(leader).await;
+    cluster
+        .until("the restarted replica to catch up", |c| {
+            let cl = c.by_id(leader).broker.cluster.as_ref().unwrap();
+            let t = cl.topic("jobs")?;
+            (cl.partition(&t, 0)?.partition.high_watermark() == 42).then_some(())
+        })
+        .await;
+}
+
+async fn commit(conn: &mut Connection, group: &str, topic: &str, offset: i64) -> i16 {
+    groups_common::commit(conn, group, -1, "", &[(topic, 0, offset, None)]).await[0]
+}
+
+async fn committed(conn: &mut Connection, group: &str, topic: &str) -> (i16, i64) {
+    let (offset, _, code) = groups_common::fetch_offset(conn, group, topic, 0).await;
+    (code, offset)
+}
