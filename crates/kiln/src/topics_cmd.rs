@@ -32,7 +32,9 @@ enum TopicsCommand {
         name: String,
         #[arg(long, default_value_t = 1)]
         partitions: i32,
-        #[arg(long, default_value_t = 1)]
+        /// Replicas per partition; -1 takes the broker's default (1 standalone, the cluster's
+        /// `default_replication_factor` in cluster mode).
+        #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
         replication_factor: i16,
         /// Topic setting as key=value (retention.ms, retention.bytes, segment.bytes, segment.ms, ...).
         #[arg(long = "config", value_name = "KEY=VALUE")]
@@ -51,6 +53,13 @@ pub async fn run(args: TopicsArgs) -> anyhow::Result<()> {
     let mut conn = Connection::connect(&args.broker.bootstrap, timeout)
         .await
         .with_context(|| format!("connecting to {}", args.broker.bootstrap))?;
+    // Topic changes go to the controller (in a cluster, other brokers refuse them).
+    if matches!(
+        args.command,
+        TopicsCommand::Create { .. } | TopicsCommand::Delete { .. }
+    ) {
+        conn = connect_controller(conn, timeout).await?;
+    }
     match args.command {
         TopicsCommand::Create {
             name,
@@ -72,6 +81,33 @@ pub async fn run(args: TopicsArgs) -> anyhow::Result<()> {
         TopicsCommand::Describe { name } => describe(&mut conn, timeout, &name).await,
         TopicsCommand::Delete { name } => delete(&mut conn, timeout, &name).await,
     }
+}
+
+/// The connection to the controller named in Metadata, or `conn` itself when it is the
+/// controller (always so for a standalone broker) or none is named.
+async fn connect_controller(mut conn: Connection, timeout: Duration) -> anyhow::Result<Connection> {
+    let response = metadata(&mut conn, timeout, None).await?;
+    let controller = response.controller_id;
+    if controller.0 < 0 {
+        bail!(
+            "the cluster has no controller at the moment (no majority of brokers up?); try again"
+        );
+    }
+    let Some(b) = response.brokers.iter().find(|b| b.node_id == controller) else {
+        return Ok(conn);
+    };
+    let address = format!("{}:{}", b.host.as_str(), b.port);
+    if response.brokers.len() == 1 {
+        return Ok(conn);
+    }
+    Connection::connect(&address, timeout)
+        .await
+        .with_context(|| {
+            format!(
+                "connecting to the controller, broker {} at {address}",
+                controller.0
+            )
+        })
 }
 
 fn topic_name(name: &str) -> TopicName {
