@@ -156,12 +156,50 @@ impl Cluster {
         Ok(self.connection(address).await?.versions().pick(api)?)
     }
 
-    /// Every group the bootstrap broker's cluster knows.
+    /// Every group the bootstrap broker's cluster knows: each broker lists the groups it
+    /// coordinates, so every broker in Metadata is asked and the answers merged. A broker that
+    /// cannot be reached is skipped when another one answered (its groups, if any, are missing).
     pub async fn list_groups(&mut self) -> Result<Vec<GroupListing>, AdminError> {
         let bootstrap = self.bootstrap.clone();
-        let version = self.version(&bootstrap, ApiKey::ListGroups).await?;
+        let request = MetadataRequest::default().with_topics(Some(Vec::new()));
+        let ResponseKind::Metadata(m) = self
+            .call(&bootstrap, RequestKind::Metadata(request))
+            .await?
+        else {
+            return Err(AdminError::UnexpectedResponse(ApiKey::Metadata));
+        };
+        let mut addresses: Vec<String> = m
+            .brokers
+            .iter()
+            .map(|b| format!("{}:{}", b.host.as_str(), b.port))
+            .collect();
+        if addresses.len() <= 1 {
+            addresses = vec![bootstrap];
+        }
+        let mut groups: BTreeMap<String, GroupListing> = BTreeMap::new();
+        let mut last_error = None;
+        let mut answered = false;
+        for address in addresses {
+            match self.list_groups_at(&address).await {
+                Ok(listed) => {
+                    answered = true;
+                    for g in listed {
+                        groups.insert(g.group_id.clone(), g);
+                    }
+                }
+                Err(e) => last_error = Some(e),
+            }
+        }
+        match (answered, last_error) {
+            (false, Some(e)) => Err(e),
+            _ => Ok(groups.into_values().collect()),
+        }
+    }
+
+    async fn list_groups_at(&mut self, address: &str) -> Result<Vec<GroupListing>, AdminError> {
+        let version = self.version(address, ApiKey::ListGroups).await?;
         let request = RequestKind::ListGroups(ListGroupsRequest::default());
-        let ResponseKind::ListGroups(r) = self.call(&bootstrap, request).await? else {
+        let ResponseKind::ListGroups(r) = self.call(address, request).await? else {
             return Err(AdminError::UnexpectedResponse(ApiKey::ListGroups));
         };
         if r.error_code != 0 {
