@@ -73,7 +73,8 @@ pub struct ClusterSettings {
     pub raft_listen: SocketAddr,
     /// Every broker of the cluster, this one included, with the same list on every broker.
     pub peers: Vec<PeerSettings>,
-    /// Replicas per partition for topics created without one (capped at the cluster size).
+    /// Replicas per partition for topics created without one; more than the cluster has is
+    /// refused when a topic is created.
     pub default_replication_factor: u16,
     /// Leader heartbeat interval.
     pub heartbeat_ms: u64,

@@ -116,7 +116,11 @@ pub async fn follow_coordinator_leadership(broker: Arc<Broker>, replica: Arc<Rep
                         }
                     }
                 }
-                Ok(Err(e)) => tracing::debug!(error = %e, "not the offsets leader after all"),
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "not the offsets leader after all");
+                    // The metrics may still say leader for a moment: do not spin on them.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
                 Err(_) => tracing::warn!(term, "offsets group not caught up within 10 s; retrying"),
             }
             continue;
