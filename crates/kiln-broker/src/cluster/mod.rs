@@ -501,7 +501,7 @@ fn raft_config(s: &ClusterSettings) -> openraft::Config {
     );
     // openraft gives each AppendEntries one heartbeat interval to complete, the follower's
     // fsync included: keep one message to a few entries of at most max_entry_bytes.
-    config.max_payload_entries = 8;
+    config.max_payload_entries = 4;
     config
 }
 
