@@ -62,7 +62,10 @@ class Broker:
     """One `kiln broker` process; restartable on the same port and data dir."""
 
     def __init__(self, data_dir: Path, log_path: Path, port: int | None = None,
-                 auto_create_topics: bool = False, node_id: int = 0):
+                 auto_create_topics: bool = False, node_id: int = 0,
+                 config_path: Path | None = None):
+        """With `config_path` the broker is started as `kiln broker --config FILE` and
+        nothing else: the file must name the same listen port, data dir and node id."""
         self.bin = kiln_bin()
         self.host = "127.0.0.1"
         self.port = port or free_port()
@@ -70,9 +73,11 @@ class Broker:
         self.log_path = log_path
         self.auto_create_topics = auto_create_topics
         self.node_id = node_id
+        self.config_path = config_path
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         self.killed_by_test = False
+        self.paused = False  # SIGSTOPped by the test and not yet SIGCONTed
         self.data_dir.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -85,12 +90,16 @@ class Broker:
 
     def start(self, ready_timeout_s: float = READY_TIMEOUT_S) -> None:
         assert self.proc is None or self.proc.poll() is not None, "broker already running"
-        args = [self.bin, "broker", "--listen", self.addr, "--data-dir", str(self.data_dir),
-                "--node-id", str(self.node_id)]
+        if self.config_path is not None:
+            args = [self.bin, "broker", "--config", str(self.config_path)]
+        else:
+            args = [self.bin, "broker", "--listen", self.addr, "--data-dir", str(self.data_dir),
+                    "--node-id", str(self.node_id)]
         if self.auto_create_topics:
             args.append("--auto-create-topics")
         self.starts += 1
         self.killed_by_test = False
+        self.paused = False
         with open(self.log_path, "ab") as log:
             log.write(f"\n===== start #{self.starts}: {' '.join(args)}\n".encode())
             log.flush()
@@ -117,6 +126,10 @@ class Broker:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def running(self) -> bool:
+        """Alive and not paused: a process that can answer requests."""
+        return self.alive() and not self.paused
+
     def kill9(self) -> None:
         """SIGKILL and reap: no shutdown hooks, no flush."""
         if self.proc is None:
@@ -125,13 +138,32 @@ class Broker:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
+        self.paused = False
         with open(self.log_path, "ab") as log:
             log.write(b"\n===== killed with SIGKILL by the test\n")
+
+    def sigstop(self) -> None:
+        """Freezes the process (SIGSTOP): its sockets stay open but nothing is answered."""
+        assert self.alive(), f"cannot SIGSTOP a broker that is not running\n{self.log_tail()}"
+        self.proc.send_signal(signal.SIGSTOP)
+        self.paused = True
+        with open(self.log_path, "ab") as log:
+            log.write(b"\n===== paused with SIGSTOP by the test\n")
+
+    def sigcont(self) -> None:
+        """Resumes a process paused by sigstop()."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            with open(self.log_path, "ab") as log:
+                log.write(b"\n===== resumed with SIGCONT by the test\n")
+        self.paused = False
 
     def stop(self) -> int | None:
         """Graceful-ish stop for teardown: SIGTERM, then SIGKILL after 5 s."""
         if self.proc is None:
             return None
+        if self.paused:
+            self.sigcont()  # a stopped process would not act on SIGTERM
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

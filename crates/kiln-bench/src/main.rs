@@ -5,9 +5,12 @@
 //!   throughput and latency percentiles, printed beside `disk` measured in the same run.
 //! - `recovery`: fill a partition, `kill -9` the writer, time the reopen.
 //! - `all`: the three, in that order, in one directory.
+//! - `cluster`: three `kiln broker` processes with replication factor 3 beside one standalone
+//!   broker, the same librdkafka producer (acks=all) against each; throughput, latency, ratio.
 //!
 //! Figures go to stdout as a table; docs/benchmarks.md records a run.
 
+mod cluster;
 mod disk;
 mod produce;
 mod recovery;
@@ -33,6 +36,8 @@ enum Command {
     Disk(disk::DiskArgs),
     Produce(produce::ProduceArgs),
     Recovery(recovery::RecoveryArgs),
+    /// Three `kiln broker` processes (RF 3) beside one standalone broker, librdkafka acks=all.
+    Cluster(cluster::ClusterArgs),
     /// Internal: the child process that `recovery` kills.
     #[command(hide = true)]
     RecoveryFill(recovery::FillArgs),
@@ -68,6 +73,7 @@ fn main() -> anyhow::Result<()> {
             produce::print(&p, &d);
         }
         Command::Recovery(args) => recovery::print(&recovery::run(&cli.dir, &args)?),
+        Command::Cluster(args) => cluster::print(&cluster::run(&cli.dir, &args, &runtime)?),
         Command::RecoveryFill(args) => recovery::fill(&args)?,
         Command::All {
             produce: pa,
