@@ -23,6 +23,10 @@ pub trait Disk: Send + Sync + 'static {
     fn truncate(&self, len: u64) -> io::Result<()>;
     /// Resolves once everything written (and truncated) so far is on disk.
     fn sync(&self) -> SyncFuture;
+    /// How log lines name this file (its path, for a real one).
+    fn describe(&self) -> String {
+        "a simulated file".to_string()
+    }
 }
 
 /// A real file: `pwrite` appends, `fdatasync` (on a blocking thread) for sync.
@@ -66,6 +70,10 @@ impl FileDisk {
 }
 
 impl Disk for FileDisk {
+    fn describe(&self) -> String {
+        self.path.display().to_string()
+    }
+
     fn read_all(&self) -> io::Result<Vec<u8>> {
         let len = *self.len_guard();
         let mut buf = vec![0u8; usize::try_from(len).map_err(io::Error::other)?];
@@ -236,6 +244,20 @@ impl SimDisk {
     /// covers stays unsynced for a while; a crash clears it. `Duration::ZERO` disarms it.
     pub fn stall_next_sync(&self, extra: Duration) {
         self.lock().next_sync_stall = extra;
+    }
+
+    /// Changes the file's durable bytes in place, as damage on the medium would (a flipped
+    /// bit, a lost run of bytes), for a replica that is down: its page cache is dropped too.
+    pub fn rot(&self, edit: impl FnOnce(&mut Vec<u8>)) {
+        let mut state = self.lock();
+        edit(&mut state.synced);
+        state.current = state.synced.clone();
+        state.at_last_sync = state.synced.clone();
+    }
+
+    /// The durable bytes.
+    pub fn synced_bytes(&self) -> Vec<u8> {
+        self.lock().synced.clone()
     }
 
     /// Bytes durable now.

@@ -1,245 +1,38 @@
 //! The Raft log on disk. It is also the partition's only copy of the records: a data entry
 //! holds the producer's batches, and reads serve them from here (see docs/replication.md).
 //!
-//! File format (`raft.log`): records `[len u32 BE][crc32c u32 BE][payload; len bytes]`, one per
-//! entry, in index order. Payload: `term u64, 0 u64, index u64, kind u8`, then for
-//! kind 1 (data) the batches, for kind 2 (membership) `configs u32, per config: n u32, n × u64,
-//! nodes u32, n × u64`; kind 0 (blank) has nothing more. `vote` holds vote records in the same
-//! framing (`term u64, has_node u8, node u64, committed u8`); the last valid one wins. Recovery keeps the
-//! longest prefix of whole, CRC-valid, index-contiguous records and cuts the rest (a torn tail
-//! from a crash is only ever unsynced data, which nobody acknowledged).
+//! Two files: `raft.log`, one frame per entry, and `vote`, state records (the vote and the
+//! repair guard), formats in `record.rs`. Recovery (`recovery.rs`) keeps the longest prefix of
+//! whole, CRC-valid, index-contiguous entries and cuts the rest; a torn tail from a crash is
+//! only ever unsynced data, which nobody acknowledged, but damage before the end is not, and
+//! the replica then repairs from its peers before it votes again (`guard.rs`).
 //!
 //! Durability: `append` writes every entry, then awaits one `fdatasync` of the file, and only
 //! then reports the entries flushed to openraft; `save_vote` and `truncate` return only after
-//! their fsync.
+//! their fsync. A full disk is waited out (`full_disk.rs`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use bytes::Bytes;
 use openraft::storage::{LogFlushed, RaftLogStorage};
-use openraft::{
-    AnyError, CommittedLeaderId, EntryPayload, LogState, Membership, OptionalSend, RaftLogReader,
-    StorageIOError,
-};
+use openraft::{AnyError, LogState, OptionalSend, RaftLogReader, StorageIOError};
 
 use crate::disk::Disk;
+use crate::full_disk::{append_durably, truncate_durably};
+use crate::guard::{Guard, ReplicaHealth};
 use crate::offsets::OffsetTranslator;
-use crate::types::{Batches, Entry, KilnRaft, LogId, NodeId, StorageError, Vote};
+use crate::record::{encode_entry, encode_state_pair, entry_records, VoteState};
+use crate::recovery::{scan_log, scan_vote, LogScan, LogTail, VoteScan};
+use crate::types::{Entry, KilnRaft, LogId, StorageError, Vote};
 
-const FRAME_HEADER: usize = 8;
-const KIND_BLANK: u8 = 0;
-const KIND_DATA: u8 = 1;
-const KIND_MEMBERSHIP: u8 = 2;
-/// Largest record accepted at recovery (a length field past it is a torn or corrupt header).
-const MAX_RECORD_BYTES: usize = 64 << 20;
-
-fn frame(payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(FRAME_HEADER + payload.len());
-    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    out.extend_from_slice(&crc32c::crc32c(payload).to_be_bytes());
-    out.extend_from_slice(payload);
-    out
-}
-
-/// Splits `buf` into whole, CRC-valid frames; returns them with their start positions and the
-/// length of the valid prefix.
-fn unframe(buf: &[u8]) -> (Vec<(u64, &[u8])>, usize) {
-    let mut out = Vec::new();
-    let mut at = 0usize;
-    while let Some(header) = buf.get(at..at + FRAME_HEADER) {
-        let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
-        let crc = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
-        if len > MAX_RECORD_BYTES {
-            break;
-        }
-        let Some(payload) = buf.get(at + FRAME_HEADER..at + FRAME_HEADER + len) else {
-            break;
-        };
-        if crc32c::crc32c(payload) != crc {
-            break;
-        }
-        out.push((at as u64, payload));
-        at += FRAME_HEADER + len;
-    }
-    (out, at)
-}
-
-struct Reader<'a> {
-    buf: &'a [u8],
-    at: usize,
-}
-
-impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Option<&[u8]> {
-        let out = self.buf.get(self.at..self.at.checked_add(n)?)?;
-        self.at += n;
-        Some(out)
-    }
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_be_bytes(self.take(8)?.try_into().ok()?))
-    }
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_be_bytes(self.take(4)?.try_into().ok()?))
-    }
-    fn u8(&mut self) -> Option<u8> {
-        Some(*self.take(1)?.first()?)
-    }
-    fn rest(&mut self) -> &[u8] {
-        let out = self.buf.get(self.at..).unwrap_or(&[]);
-        self.at = self.buf.len();
-        out
-    }
-}
-
-/// Counts the records in already-validated batches.
-pub fn record_count(batches: &[u8]) -> Result<u32, kiln_log::LogError> {
-    let mut n: u32 = 0;
-    for batch in kiln_log::batch::batches(batches) {
-        let records = u32::try_from(batch?.header.record_count).unwrap_or(0);
-        n = n.saturating_add(records);
-    }
-    Ok(n)
-}
-
-pub(crate) fn encode_entry(entry: &Entry) -> Vec<u8> {
-    let mut p = Vec::with_capacity(32);
-    encode_entry_payload(entry, &mut p);
-    frame(&p)
-}
-
-/// Appends an entry's payload (a `raft.log` record without its framing) to `p`. The network
-/// transport sends entries in this encoding too, so there is one entry format to keep right.
-pub(crate) fn encode_entry_payload(entry: &Entry, p: &mut Vec<u8>) {
-    p.extend_from_slice(&entry.log_id.leader_id.term.to_be_bytes());
-    // With one leader per term the log id names the term only; the field is kept for a
-    // format that also fits openraft's default (several leaders per term) mode.
-    p.extend_from_slice(&0u64.to_be_bytes());
-    p.extend_from_slice(&entry.log_id.index.to_be_bytes());
-    match &entry.payload {
-        EntryPayload::Blank => p.push(KIND_BLANK),
-        EntryPayload::Normal(Batches(bytes)) => {
-            p.push(KIND_DATA);
-            p.extend_from_slice(bytes);
-        }
-        EntryPayload::Membership(m) => {
-            p.push(KIND_MEMBERSHIP);
-            let configs = m.get_joint_config();
-            p.extend_from_slice(&(configs.len() as u32).to_be_bytes());
-            for config in configs {
-                p.extend_from_slice(&(config.len() as u32).to_be_bytes());
-                for id in config {
-                    p.extend_from_slice(&id.to_be_bytes());
-                }
-            }
-            let nodes: Vec<NodeId> = m.nodes().map(|(id, _)| *id).collect();
-            p.extend_from_slice(&(nodes.len() as u32).to_be_bytes());
-            for id in nodes {
-                p.extend_from_slice(&id.to_be_bytes());
-            }
-        }
-    }
-}
-
-pub(crate) fn decode_entry(payload: &[u8]) -> Option<Entry> {
-    let mut r = Reader {
-        buf: payload,
-        at: 0,
-    };
-    let term = r.u64()?;
-    let node = r.u64()?;
-    let index = r.u64()?;
-    let log_id = LogId::new(CommittedLeaderId::new(term, node), index);
-    let payload = match r.u8()? {
-        KIND_BLANK => EntryPayload::Blank,
-        KIND_DATA => EntryPayload::Normal(Batches(Bytes::copy_from_slice(r.rest()))),
-        KIND_MEMBERSHIP => {
-            let n = r.u32()? as usize;
-            let mut configs = Vec::new();
-            for _ in 0..n.min(16) {
-                let k = r.u32()? as usize;
-                let mut set = BTreeSet::new();
-                for _ in 0..k.min(1024) {
-                    set.insert(r.u64()?);
-                }
-                configs.push(set);
-            }
-            let k = r.u32()? as usize;
-            let mut nodes = BTreeSet::new();
-            for _ in 0..k.min(1024) {
-                nodes.insert(r.u64()?);
-            }
-            EntryPayload::Membership(Membership::new(configs, nodes))
-        }
-        _ => return None,
-    };
-    Some(Entry { log_id, payload })
-}
-
-fn entry_records(entry: &Entry) -> u32 {
-    match &entry.payload {
-        EntryPayload::Normal(Batches(bytes)) => record_count(bytes).unwrap_or(0),
-        _ => 0,
-    }
-}
-
-fn encode_vote(vote: &Vote) -> Vec<u8> {
-    let mut p = Vec::with_capacity(VOTE_BYTES);
-    encode_vote_payload(vote, &mut p);
-    frame(&p)
-}
-
-/// Length of an encoded vote (`term u64, has_node u8, node u64, committed u8`).
-pub(crate) const VOTE_BYTES: usize = 18;
-
-/// Appends a vote's payload (a `vote` record without its framing) to `p`; the network
-/// transport uses the same encoding.
-pub(crate) fn encode_vote_payload(vote: &Vote, p: &mut Vec<u8>) {
-    p.extend_from_slice(&vote.leader_id.term.to_be_bytes());
-    match vote.leader_id.voted_for {
-        Some(node) => {
-            p.push(1);
-            p.extend_from_slice(&node.to_be_bytes());
-        }
-        None => {
-            p.push(0);
-            p.extend_from_slice(&0u64.to_be_bytes());
-        }
-    }
-    p.push(u8::from(vote.committed));
-}
-
-pub(crate) fn decode_vote(payload: &[u8]) -> Option<Vote> {
-    let mut r = Reader {
-        buf: payload,
-        at: 0,
-    };
-    let term = r.u64()?;
-    let has_node = r.u8()? != 0;
-    let node = r.u64()?;
-    let committed = r.u8()? != 0;
-    Some(Vote {
-        leader_id: openraft::LeaderId {
-            term,
-            voted_for: has_node.then_some(node),
-        },
-        committed,
-    })
-}
-
-/// What recovery found and cut.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct LogRecovery {
-    pub entries: usize,
-    pub cut_bytes: u64,
-}
+pub use crate::record::record_count;
+pub use crate::recovery::{DamageCause, LogDamage, LogRecovery, VoteRecovery};
 
 pub(crate) struct LogInner {
     disk: Arc<dyn Disk>,
-    vote_disk: Arc<dyn Disk>,
     /// index → (entry, position of its record in the file).
     entries: BTreeMap<u64, (Entry, u64)>,
     end_pos: u64,
@@ -258,89 +51,190 @@ impl LogInner {
     }
 }
 
+/// The `vote` file and its length. Writers take it in turn (openraft's `save_vote` and the
+/// lifting of the guard), so a write cut back after a full disk never cuts another's record.
+struct VoteFile {
+    disk: Arc<dyn Disk>,
+    len: u64,
+}
+
 /// The Raft log store of one replica (cheap to clone; clones share the log).
 #[derive(Clone)]
 pub struct LogStore {
     inner: Arc<Mutex<LogInner>>,
+    vote_file: Arc<tokio::sync::Mutex<VoteFile>>,
+    health: ReplicaHealth,
 }
 
 fn io_err(e: io::Error) -> AnyError {
     AnyError::new(&e)
 }
 
+/// The recovery report, logged: damage at ERROR with its numbers, a torn tail at WARN.
+fn report(scan: &LogScan, vote: &VoteScan, cut_bytes: u64, guard: Guard) {
+    match scan.tail {
+        LogTail::Clean => {}
+        LogTail::Torn => tracing::warn!(
+            cut_bytes,
+            kept_bytes = scan.end,
+            "raft log: cutting a torn tail (a write a crash cut short before its fsync)"
+        ),
+        LogTail::Damaged(d) => tracing::error!(
+            cause = ?d.cause,
+            at_byte = d.at_byte,
+            first_lost_index = d.first_lost_index,
+            highest_index_after = ?d.highest_index_after,
+            frames_after = d.frames_after,
+            cut_bytes,
+            repair_until = ?guard.repair_until,
+            repair_term = ?guard.repair_term,
+            "raft log damaged: entries from index {} are lost (highest index seen after the \
+             damage: {:?}); cutting {} bytes; no votes or candidacy until a leader has refilled \
+             the log: applied through index {:?}, or an entry of a term after {:?}",
+            d.first_lost_index,
+            d.highest_index_after,
+            cut_bytes,
+            guard.repair_until,
+            guard.repair_term
+        ),
+    }
+    let v = vote.report;
+    if v.latest_lost {
+        tracing::error!(
+            damaged_bytes = v.damaged_bytes,
+            vote_floor = ?guard.vote_floor,
+            "vote file damaged: the latest vote record is lost, so a vote this replica cast may \
+             be forgotten; no votes or candidacy until it has followed a leader of term {:?} or \
+             later",
+            guard.vote_floor
+        );
+    } else if v.damaged_bytes > 0 {
+        tracing::warn!(
+            damaged_bytes = v.damaged_bytes,
+            "vote file: damaged bytes before an intact copy of the latest record; nothing lost"
+        );
+    }
+}
+
 impl LogStore {
     /// Opens the log on `disk` and the vote on `vote_disk`, recovering both: the valid,
-    /// contiguous prefix is kept, anything after it is cut (and the cut is fsynced).
+    /// contiguous prefix is kept, anything after it is cut (and the cut is fsynced). Damage
+    /// sets the repair guard, which is made durable before any damaged byte is cut.
     pub async fn open(
         disk: Arc<dyn Disk>,
         vote_disk: Arc<dyn Disk>,
     ) -> io::Result<(LogStore, LogRecovery)> {
         let buf = disk.read_all()?;
-        let (frames, valid) = unframe(&buf);
+        let scan = scan_log(&buf);
+        let file_len = buf.len() as u64;
+        drop(buf);
+        let vote_buf = vote_disk.read_all()?;
+        let vote = scan_vote(&vote_buf);
+        let mut vote_len = vote_buf.len() as u64;
+        drop(vote_buf);
+
+        let persisted = vote.state.unwrap_or_default();
+        let mut guard = persisted.guard;
+        if let LogTail::Damaged(d) = scan.tail {
+            // The highest term of the file's entries bounds the terms in which this replica's
+            // acknowledgements counted towards a commit; where the damage hides the end of the
+            // file, its vote's term does (unless the vote record is damaged too).
+            let vote_term = persisted.vote.map(|v| v.leader_id.term);
+            let term = d
+                .highest_term
+                .or(vote_term.filter(|_| !vote.report.latest_lost));
+            guard = guard.merge(Guard::repair(d.highest_index_before(), term));
+        }
+        if vote.report.latest_lost {
+            guard = guard.merge(Guard::vote_floor(vote.highest_term.unwrap_or(0)));
+        }
+        let health = ReplicaHealth::new(guard);
+        let cut_bytes = file_len - scan.end as u64;
+        report(&scan, &vote, cut_bytes, guard);
+        if !persisted.guard.is_clear() && persisted.guard == guard {
+            tracing::warn!(
+                ?guard,
+                "resuming the repair of a damaged replica: no votes until it is over"
+            );
+        }
+
+        // The guard is durable before the damaged bytes go, so a crash in between cannot
+        // leave a cut log and no record that it needs repair.
+        if (vote.end as u64) < vote_len {
+            truncate_durably(&vote_disk, vote.end as u64, &health).await?;
+            vote_len = vote.end as u64;
+        }
+        if guard != persisted.guard {
+            let bytes = encode_state_pair(&VoteState {
+                vote: persisted.vote,
+                guard,
+            });
+            append_durably(&vote_disk, vote_len, &bytes, &health).await?;
+            vote_len += bytes.len() as u64;
+        }
+        if cut_bytes > 0 {
+            truncate_durably(&disk, scan.end as u64, &health).await?;
+        }
+
         let mut entries = BTreeMap::new();
         let mut translator = OffsetTranslator::new();
-        let mut end_pos = 0u64;
-        for (pos, payload) in frames {
-            let Some(entry) = decode_entry(payload) else {
-                break;
-            };
+        for (pos, entry) in scan.entries {
             let index = entry.log_id.index;
-            if translator.append(index, entry_records(&entry)).is_err() {
-                break;
-            }
-            if let Some((&last, _)) = entries.iter().next_back() {
-                if index != last + 1 {
-                    translator.truncate_from(index);
-                    break;
-                }
-            }
-            end_pos = pos + (FRAME_HEADER + payload.len()) as u64;
+            translator
+                .append(index, entry_records(&entry))
+                .map_err(io::Error::other)?;
             entries.insert(index, (entry, pos));
-        }
-        let _ = valid;
-        let cut_bytes = buf.len() as u64 - end_pos;
-        if cut_bytes > 0 {
-            tracing::warn!(
-                cut_bytes,
-                kept_bytes = end_pos,
-                "raft log: cutting a torn or invalid tail"
-            );
-            disk.truncate(end_pos)?;
-            disk.sync().await?;
-        }
-        let vote_buf = vote_disk.read_all()?;
-        let (vote_frames, vote_valid) = unframe(&vote_buf);
-        let vote = vote_frames
-            .iter()
-            .rev()
-            .find_map(|(_, payload)| decode_vote(payload));
-        if vote_valid < vote_buf.len() {
-            vote_disk.truncate(vote_valid as u64)?;
-            vote_disk.sync().await?;
         }
         let recovery = LogRecovery {
             entries: entries.len(),
             cut_bytes,
+            tail: scan.tail,
+            vote: vote.report,
+            guard,
         };
         let inner = LogInner {
             disk,
-            vote_disk,
             entries,
-            end_pos,
+            end_pos: scan.end as u64,
             translator,
-            vote,
+            vote: persisted.vote,
             last_purged: None,
         };
-        Ok((
-            LogStore {
-                inner: Arc::new(Mutex::new(inner)),
-            },
-            recovery,
-        ))
+        let store = LogStore {
+            inner: Arc::new(Mutex::new(inner)),
+            vote_file: Arc::new(tokio::sync::Mutex::new(VoteFile {
+                disk: vote_disk,
+                len: vote_len,
+            })),
+            health,
+        };
+        Ok((store, recovery))
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, LogInner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// This replica's health: the repair guard and the disk-full flag.
+    pub fn health(&self) -> ReplicaHealth {
+        self.health.clone()
+    }
+
+    /// Clears the repair guard once it was met: the log is synced (it holds everything the
+    /// replica applied), then a state record without the guard is made durable.
+    pub(crate) async fn lift_guard(&self) -> io::Result<()> {
+        let mut file = self.vote_file.lock().await;
+        let log_disk = Arc::clone(&self.lock().disk);
+        log_disk.sync().await?;
+        let state = VoteState {
+            vote: self.lock().vote,
+            guard: Guard::default(),
+        };
+        let bytes = encode_state_pair(&state);
+        append_durably(&file.disk, file.len, &bytes, &self.health).await?;
+        file.len += bytes.len() as u64;
+        self.health.set_guard(Guard::default());
+        Ok(())
     }
 
     /// The Kafka offset the next data entry will take (uncommitted entries included).
@@ -408,22 +302,32 @@ impl RaftLogStorage<KilnRaft> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
-        let sync = {
-            let mut inner = self.lock();
-            inner
-                .vote_disk
-                .append(&encode_vote(vote))
-                .map_err(|e| StorageIOError::write_vote(io_err(e)))?;
-            inner.vote = Some(*vote);
-            inner.vote_disk.sync()
+        let mut file = self.vote_file.lock().await;
+        let state = VoteState {
+            vote: Some(*vote),
+            guard: self.health.guard(),
         };
-        sync.await
+        let bytes = encode_state_pair(&state);
+        append_durably(&file.disk, file.len, &bytes, &self.health)
+            .await
             .map_err(|e| StorageIOError::write_vote(io_err(e)))?;
+        file.len += bytes.len() as u64;
+        self.lock().vote = Some(*vote);
         Ok(())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
-        Ok(self.lock().vote)
+        let vote = self.lock().vote;
+        // openraft restores a replica whose committed vote names itself as leader at once, no
+        // election. A damaged one must not lead: it may lack committed entries, and would
+        // overwrite them on its followers. Uncommitted, the vote still binds it in its term.
+        if self.health.guarded() {
+            return Ok(vote.map(|v| Vote {
+                leader_id: v.leader_id,
+                committed: false,
+            }));
+        }
+        Ok(vote)
     }
 
     async fn append<I>(
@@ -435,50 +339,47 @@ impl RaftLogStorage<KilnRaft> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let sync = {
+        let (disk, start, bytes) = {
             let mut inner = self.lock();
+            let start = inner.end_pos;
+            let mut bytes = Vec::new();
             for entry in entries {
                 let index = entry.log_id.index;
-                let record = encode_entry(&entry);
                 inner
                     .translator
                     .append(index, entry_records(&entry))
                     .map_err(|e| {
                         StorageIOError::write_log_entry(entry.log_id, AnyError::new(&e))
                     })?;
-                inner
-                    .disk
-                    .append(&record)
-                    .map_err(|e| StorageIOError::write_log_entry(entry.log_id, io_err(e)))?;
-                let pos = inner.end_pos;
-                inner.end_pos += record.len() as u64;
+                let pos = start + bytes.len() as u64;
+                bytes.extend_from_slice(&encode_entry(&entry));
                 inner.entries.insert(index, (entry, pos));
             }
-            inner.disk.sync()
+            inner.end_pos = start + bytes.len() as u64;
+            (Arc::clone(&inner.disk), start, bytes)
         };
-        // Reported flushed only once the fsync covering every entry above has returned.
-        let result = sync.await;
+        // Reported flushed only once the fsync covering every entry above has returned. Every
+        // earlier write was synced before this call (openraft waits for each flush), so on a
+        // full disk the file is cut back to `start` and these bytes written again.
+        let result = append_durably(&disk, start, &bytes, &self.health).await;
         callback.log_io_completed(result);
         Ok(())
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        let sync = {
+        let (disk, pos) = {
             let mut inner = self.lock();
             let index = log_id.index;
             let Some(&(_, pos)) = inner.entries.get(&index) else {
                 return Ok(());
             };
-            inner
-                .disk
-                .truncate(pos)
-                .map_err(|e| StorageIOError::write_logs(io_err(e)))?;
             inner.end_pos = pos;
             inner.entries.split_off(&index);
             inner.translator.truncate_from(index);
-            inner.disk.sync()
+            (Arc::clone(&inner.disk), pos)
         };
-        sync.await
+        truncate_durably(&disk, pos, &self.health)
+            .await
             .map_err(|e| StorageIOError::write_logs(io_err(e)))?;
         Ok(())
     }
@@ -499,6 +400,11 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::disk::{FileDisk, SimDisk, SyncBehaviour};
+    use crate::record::decode_entry;
+    use crate::types::Batches;
+    use bytes::Bytes;
+    use openraft::{CommittedLeaderId, EntryPayload, Membership};
+    use std::collections::BTreeSet;
     use std::time::Duration;
 
     fn lid(term: u64, index: u64) -> LogId {
@@ -524,19 +430,25 @@ mod tests {
         };
         for e in [blank, data, members] {
             let framed = encode_entry(&e);
-            let (frames, valid) = unframe(&framed);
-            assert_eq!(valid, framed.len());
-            let back = decode_entry(frames[0].1).unwrap();
+            let scan = scan_log(&framed);
+            assert_eq!(scan.end, framed.len());
+            assert_eq!(scan.tail, LogTail::Clean);
+            let back = decode_entry(&framed[8..]).unwrap();
             assert_eq!(back.log_id, e.log_id);
             assert_eq!(format!("{:?}", back.payload), format!("{:?}", e.payload));
         }
-        // Any truncation of a frame is not a frame.
+        // Any truncation of a frame is not a frame, and is a torn tail.
         let framed = encode_entry(&Entry {
             log_id: lid(1, 2),
             payload: EntryPayload::Blank,
         });
-        for cut in 0..framed.len() {
-            assert_eq!(unframe(&framed[..cut]).0.len(), 0);
+        for cut in 1..framed.len() {
+            let scan = scan_log(&framed[..cut]);
+            assert_eq!(
+                (scan.entries.len(), scan.tail),
+                (0, LogTail::Torn),
+                "cut {cut}"
+            );
         }
     }
 
@@ -587,6 +499,12 @@ mod tests {
             .unwrap();
         assert!(rec.entries >= 3 && rec.entries <= 4, "{rec:?}");
         assert!(rec.cut_bytes > 0);
+        assert_eq!(
+            rec.tail,
+            LogTail::Torn,
+            "unsynced bytes a crash tore need no repair"
+        );
+        assert!(!rec.repairing());
         assert_eq!(store2.read_vote().await.unwrap(), Some(Vote::new(2, 1)));
         let got = store2.try_get_log_entries(1..).await.unwrap();
         assert_eq!(got.len(), rec.entries);
@@ -636,5 +554,96 @@ mod tests {
             Some(Vote::new_committed(5, 2))
         );
         assert_eq!(store.last_log_id(), Some(lid(5, 3)));
+    }
+}
+
+#[cfg(test)]
+mod damage_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::disk::{SimDisk, SyncBehaviour};
+    use crate::recovery::LogTail;
+    use openraft::{CommittedLeaderId, EntryPayload};
+    use std::time::Duration;
+
+    fn disk() -> SimDisk {
+        SimDisk::new(Duration::from_millis(1), SyncBehaviour::Honest)
+    }
+
+    async fn open(log: &SimDisk, vote: &SimDisk) -> (LogStore, LogRecovery) {
+        LogStore::open(Arc::new(log.clone()), Arc::new(vote.clone()))
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn damage_is_remembered_until_the_repair_is_recorded() {
+        let (log, vote) = (disk(), disk());
+        let (mut store, _) = open(&log, &vote).await;
+        store.save_vote(&Vote::new_committed(3, 2)).await.unwrap();
+        for i in 0..6 {
+            let entry = Entry {
+                log_id: LogId::new(CommittedLeaderId::new(3, 0), i),
+                payload: EntryPayload::Blank,
+            };
+            log.append(&encode_entry(&entry)).unwrap();
+        }
+        log.sync().await.unwrap();
+        drop(store);
+        // A flipped bit in entry 2 while the replica is down.
+        let (log, vote) = (log.crash(|_| 0), vote.crash(|_| 0));
+        log.rot(|b| b[3 * 33 - 5] ^= 0x20);
+        let (mut store, rec) = open(&log, &vote).await;
+        assert!(matches!(rec.tail, LogTail::Damaged(d) if d.first_lost_index == 2));
+        assert_eq!(rec.entries, 2);
+        assert_eq!(rec.guard.repair_until, Some(5));
+        assert!(store.health().repairing(), "no metrics yet: repairing");
+        // Uncommitted while repairing, so openraft does not restore it as leader.
+        assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new(3, 2)));
+        // The cut log alone no longer shows the damage; the vote file still does.
+        let (log, vote) = (log.crash(|_| 0), vote.crash(|_| 0));
+        let (store, rec) = open(&log, &vote).await;
+        assert_eq!(rec.tail, LogTail::Clean);
+        assert_eq!(rec.guard.repair_until, Some(5));
+        store.lift_guard().await.unwrap();
+        assert!(!store.health().repairing());
+        let (log, vote) = (log.crash(|_| 0), vote.crash(|_| 0));
+        let (mut store, rec) = open(&log, &vote).await;
+        assert!(!rec.repairing());
+        assert_eq!(
+            store.read_vote().await.unwrap(),
+            Some(Vote::new_committed(3, 2))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_vote_record_sets_a_floor_that_survives_restarts() {
+        let (log, vote) = (disk(), disk());
+        let (mut store, _) = open(&log, &vote).await;
+        store.save_vote(&Vote::new(4, 1)).await.unwrap();
+        store.save_vote(&Vote::new(9, 3)).await.unwrap();
+        drop(store);
+        let (log, vote) = (log.crash(|_| 0), vote.crash(|_| 0));
+        let len = vote.synced_len();
+        // Both copies of the latest save damaged (one bad sector, say).
+        vote.rot(|b| {
+            b[len - 10] ^= 1;
+            b[len - 10 - 46] ^= 1;
+        });
+        let (mut store, rec) = open(&log, &vote).await;
+        assert!(rec.vote.latest_lost);
+        assert_eq!(rec.guard.vote_floor, Some(4));
+        assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new(4, 1)));
+        store.save_vote(&Vote::new(5, 2)).await.unwrap();
+        drop(store);
+        let (log, vote) = (log.crash(|_| 0), vote.crash(|_| 0));
+        let (mut store, rec) = open(&log, &vote).await;
+        assert!(!rec.vote.latest_lost);
+        assert_eq!(
+            rec.guard.vote_floor,
+            Some(4),
+            "the floor is in every later save"
+        );
+        assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new(5, 2)));
     }
 }

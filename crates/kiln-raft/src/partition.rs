@@ -9,6 +9,7 @@ use openraft::error::{ClientWriteError, InitializeError, RaftError};
 use openraft::{Config, EntryPayload, RaftNetworkFactory, ServerState, SnapshotPolicy};
 
 use crate::disk::Disk;
+use crate::guard::{GuardedNetwork, ReplicaHealth};
 use crate::log_store::{LogRecovery, LogStore};
 use crate::state_machine::StateMachine;
 use crate::types::{Batches, KilnRaft, NodeId, Raft};
@@ -88,10 +89,12 @@ pub struct ReplicatedPartition {
     raft: Raft,
     log: LogStore,
     state: StateMachine,
+    health: ReplicaHealth,
 }
 
 impl ReplicatedPartition {
-    /// Recovers the log from `log_disk` and `vote_disk` and starts the Raft node.
+    /// Recovers the log from `log_disk` and `vote_disk` and starts the Raft node. If recovery
+    /// found damage, the replica starts repairing ([`ReplicatedPartition::repairing`]).
     pub async fn start<N>(
         id: NodeId,
         config: Config,
@@ -102,23 +105,83 @@ impl ReplicatedPartition {
     where
         N: RaftNetworkFactory<KilnRaft>,
     {
-        let config = config
+        Self::start_guarded(id, config, log_disk, vote_disk, network, true).await
+    }
+
+    /// [`ReplicatedPartition::start`], with the repair guard enforced or not. Only the
+    /// simulation turns it off, to show what it prevents.
+    #[doc(hidden)]
+    pub async fn start_guarded<N>(
+        id: NodeId,
+        config: Config,
+        log_disk: Arc<dyn Disk>,
+        vote_disk: Arc<dyn Disk>,
+        network: N,
+        enforce_guard: bool,
+    ) -> Result<(ReplicatedPartition, LogRecovery), PartitionError>
+    where
+        N: RaftNetworkFactory<KilnRaft>,
+    {
+        let mut config = config
             .validate()
             .map_err(|e| PartitionError::Stopped(e.to_string()))?;
         let (log, recovery) = LogStore::open(log_disk, vote_disk).await?;
+        let health = log.health();
+        health.set_enforced(enforce_guard);
+        let guarded = enforce_guard && !health.guard().is_clear();
+        let elect_wanted = config.enable_elect;
+        let pause_max = std::time::Duration::from_millis(config.election_timeout_max);
+        if guarded {
+            // No election timer until the guard is met (openraft reads this at start).
+            config.enable_elect = false;
+        }
         let state = StateMachine::new(log.clone());
+        let network = GuardedNetwork {
+            inner: network,
+            health: health.clone(),
+        };
         let raft = Raft::new(id, Arc::new(config), network, log.clone(), state.clone())
             .await
             .map_err(|e| PartitionError::Stopped(e.to_string()))?;
+        health.attach(raft.metrics());
+        tokio::spawn(crate::elections::run(
+            raft.clone(),
+            log.clone(),
+            guarded,
+            elect_wanted,
+            pause_max,
+        ));
         Ok((
             ReplicatedPartition {
                 id,
                 raft,
                 log,
                 state,
+                health,
             },
             recovery,
         ))
+    }
+
+    /// True while this replica repairs damaged files: it grants no votes and stands for no
+    /// election until a leader has refilled its log past everything it held before the damage
+    /// and it has applied that (and, after a lost vote record, followed a leader of a term at
+    /// least as high as any it recorded). Its transport must refuse vote requests meanwhile:
+    /// `net::serve` does when [`crate::net::RaftGroups::health`] answers for the group.
+    pub fn repairing(&self) -> bool {
+        self.health.repairing()
+    }
+
+    /// True while a write to this replica's files waits for disk space. A leader in this
+    /// state cannot take appends (its Raft core waits for the write): refuse produce requests
+    /// with a clear error rather than queue them.
+    pub fn disk_full(&self) -> bool {
+        self.health.disk_full()
+    }
+
+    /// The handle the transport asks about repair and a full disk (cheap to clone).
+    pub fn health(&self) -> ReplicaHealth {
+        self.health.clone()
     }
 
     /// Makes `members` the voters of a brand-new group. Call on one replica, once.

@@ -15,8 +15,8 @@ use bytes::{Bytes, BytesMut};
 use openraft::error::ClientWriteError;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::log_store::record_count;
 use crate::partition::{AppendAck, PartitionError, ReplicatedPartition};
+use crate::record::record_count;
 use crate::types::Batches;
 
 /// What a submitted append resolves to.

@@ -13,7 +13,8 @@ use openraft::{
 };
 use tokio::sync::watch;
 
-use crate::log_store::{record_count, LogStore};
+use crate::log_store::LogStore;
+use crate::record::record_count;
 use crate::types::{Applied, Batches, Entry, KilnRaft, LogId, NodeId, StorageError};
 
 #[derive(Debug)]

@@ -126,6 +126,12 @@ impl RaftGroups for Groups {
             r.partition.raft().clone()
         })
     }
+
+    // Lets the server refuse votes while a replica repairs damaged files, and requests while
+    // its disk is full.
+    fn health(&self, group: &str) -> Option<kiln_raft::ReplicaHealth> {
+        self.0.replica(group).map(|r| r.partition.health())
+    }
 }
 
 pub struct StartParams {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use kiln_raft::disk::FileDisk;
 use kiln_raft::net::{PeerAddrs, TcpNetwork};
+use kiln_raft::recovery::LogTail;
 use kiln_raft::{NodeId, PartitionError, Proposer, ReplicatedPartition};
 
 /// A replica hosted by this broker.
@@ -125,14 +126,23 @@ pub async fn open(p: OpenParams) -> Result<Arc<Replica>, PartitionError> {
         network,
     )
     .await?;
-    if recovery.cut_bytes > 0 {
-        tracing::warn!(group = %p.group, cut_bytes = recovery.cut_bytes, "replica log had a damaged or torn tail; cut it, the leader will resend");
+    match recovery.tail {
+        LogTail::Clean => {}
+        LogTail::Torn => {
+            tracing::warn!(group = %p.group, cut_bytes = recovery.cut_bytes, "replica log had a torn tail (an unsynced write cut short); cut it")
+        }
+        // kiln-raft has logged the damage itself; this says what the broker does about it.
+        LogTail::Damaged(_) => {
+            tracing::error!(group = %p.group, cut_bytes = recovery.cut_bytes, "replica log was damaged: the damaged part is cut and never served; the replica neither votes nor stands for election until its peers have refilled it")
+        }
     }
-    let pristine = recovery.entries == 0;
+    // Damage can cut a log to nothing: such a replica is not pristine and must not initialize.
+    let pristine = recovery.entries == 0 && !recovery.repairing();
     if pristine {
         let members: BTreeSet<NodeId> = p.members.iter().filter_map(|m| node(*m)).collect();
         partition.initialize(members).await?;
-        if p.members.first() == Some(&p.node_id) {
+        // A forced election would bypass the repair guard's timer and raise the term.
+        if p.members.first() == Some(&p.node_id) && !partition.repairing() {
             if let Err(e) = partition.raft().trigger().elect().await {
                 tracing::warn!(group = %p.group, error = %e, "could not stand for election");
             }

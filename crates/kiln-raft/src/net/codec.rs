@@ -27,7 +27,7 @@ use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, V
 use openraft::CommittedLeaderId;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use crate::log_store::{
+use crate::record::{
     decode_entry, decode_vote, encode_entry_payload, encode_vote_payload, VOTE_BYTES,
 };
 use crate::types::{KilnRaft, LogId, NodeId, Vote};

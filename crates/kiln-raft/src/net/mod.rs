@@ -9,6 +9,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
+use crate::guard::ReplicaHealth;
+use crate::partition::ReplicatedPartition;
 use crate::types::{NodeId, Raft};
 
 mod client;
@@ -26,12 +28,20 @@ pub type PeerAddrs = Arc<BTreeMap<NodeId, String>>;
 /// broker has created that group.
 pub trait RaftGroups: Send + Sync + 'static {
     fn raft(&self, group: &str) -> Option<Raft>;
+
+    /// The group's replica health ([`ReplicatedPartition::health`]). With it the server
+    /// refuses vote requests while the replica repairs damaged files, and every request while
+    /// its disk is full (its Raft core is stuck in a write; queued requests would only pile
+    /// up). `None` (the default) means neither check is made: implement it.
+    fn health(&self, _group: &str) -> Option<ReplicaHealth> {
+        None
+    }
 }
 
 /// A [`RaftGroups`] that groups are added to and removed from as they are created and dropped.
 #[derive(Default)]
 pub struct GroupTable {
-    groups: RwLock<HashMap<String, Raft>>,
+    groups: RwLock<HashMap<String, (Raft, Option<ReplicaHealth>)>>,
 }
 
 impl GroupTable {
@@ -39,12 +49,31 @@ impl GroupTable {
         Self::default()
     }
 
-    /// Serves `group` from `raft`; returns the handle it replaces, if any.
+    /// Serves `group` from `raft` (with no health checks: prefer
+    /// [`GroupTable::insert_replica`]); returns the handle it replaces, if any.
     pub fn insert(&self, group: impl Into<String>, raft: Raft) -> Option<Raft> {
         self.groups
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(group.into(), raft)
+            .insert(group.into(), (raft, None))
+            .map(|(r, _)| r)
+    }
+
+    /// Serves `group` from `replica`, refusing votes while it repairs and every request while
+    /// its disk is full.
+    pub fn insert_replica(
+        &self,
+        group: impl Into<String>,
+        replica: &ReplicatedPartition,
+    ) -> Option<Raft> {
+        self.groups
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                group.into(),
+                (replica.raft().clone(), Some(replica.health())),
+            )
+            .map(|(r, _)| r)
     }
 
     /// Stops serving `group`: its RPCs get "unknown group" from now on.
@@ -53,6 +82,7 @@ impl GroupTable {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(group)
+            .map(|(r, _)| r)
     }
 }
 
@@ -62,6 +92,14 @@ impl RaftGroups for GroupTable {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(group)
-            .cloned()
+            .map(|(r, _)| r.clone())
+    }
+
+    fn health(&self, group: &str) -> Option<ReplicaHealth> {
+        self.groups
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(group)
+            .and_then(|(_, h)| h.clone())
     }
 }

@@ -136,6 +136,26 @@ async fn handle(groups: &dyn RaftGroups, group: &str, request: Message) -> (Mess
             true,
         );
     }
+    if let Some(health) = groups.health(group) {
+        if health.disk_full() {
+            // Its core is stuck in a write until space returns; a request handed to it now
+            // would wait there (and the sender's retries pile up behind it).
+            return (
+                Message::Error(format!("node {id}'s disk is full (group {group:?})")),
+                true,
+            );
+        }
+        if matches!(request, Message::Vote { .. }) && health.repairing() {
+            // Its log lost entries it may have acknowledged: its vote could elect a leader
+            // without them (docs/replication.md, "Damage and full disks").
+            return (
+                Message::Error(format!(
+                    "node {id} is repairing damaged files and grants no votes (group {group:?})"
+                )),
+                true,
+            );
+        }
+    }
     let reply = match request {
         Message::AppendEntries { rpc, .. } => match raft.append_entries(rpc).await {
             Ok(resp) => Message::AppendEntriesResponse(resp),

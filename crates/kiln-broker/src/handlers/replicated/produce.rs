@@ -57,6 +57,16 @@ pub fn handle(cluster: &Arc<Cluster>, request: ProduceRequest) -> Reply {
                     .push(response.with_error_code(ResponseError::NotLeaderOrFollower.code()));
                 continue;
             };
+            // The replica's disk is full: its Raft core is stuck retrying a write, so nothing
+            // would be acknowledged; say why at once instead of timing out.
+            if replica.partition.disk_full() {
+                partitions.push(error(
+                    response,
+                    ResponseError::KafkaStorageError,
+                    format!("disk full on broker {}: writes to this partition resume when space is freed", cluster.node_id),
+                ));
+                continue;
+            }
             let Some(records) = data.records else {
                 partitions.push(error(
                     response,

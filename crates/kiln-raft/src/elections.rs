@@ -1,0 +1,73 @@
+//! The one task per replica that turns openraft's election timer off and on: off while the
+//! repair guard holds (`guard.rs`), and off for a random while after each election this
+//! replica stood in failed.
+//!
+//! Why the second: openraft 0.9 draws a replica's election timeout once, at start, and checks
+//! it only on its tick. Two replicas whose timeouts fall on the same tick, with ticks in phase,
+//! start every election together and split the vote every time. A third voter breaks the tie,
+//! but not while it is down or repairing, and then the group stays without a leader (the
+//! simulation found one such run). A random pause after a failed election is the randomized
+//! retry Raft relies on.
+
+use std::time::Duration;
+
+use openraft::ServerState;
+use rand08::RngCore;
+
+use crate::guard::lift_when_met;
+use crate::log_store::LogStore;
+use crate::types::{Raft, ThreadRng};
+
+/// Runs until the Raft node stops. `guarded`: the replica started under the repair guard with
+/// its election timer off. `elect_wanted`: the configuration has elections on.
+pub(crate) async fn run(
+    raft: Raft,
+    log: LogStore,
+    guarded: bool,
+    elect_wanted: bool,
+    pause_max: Duration,
+) {
+    if guarded {
+        if !lift_when_met(&raft, &log).await {
+            return;
+        }
+        if elect_wanted {
+            raft.runtime_config().elect(true);
+        }
+    }
+    if elect_wanted {
+        break_split_votes(&raft, pause_max).await;
+    }
+}
+
+async fn break_split_votes(raft: &Raft, pause_max: Duration) {
+    let mut metrics = raft.metrics();
+    // The term of the last election this replica stood in, with no leader seen since.
+    let mut stood_in: Option<u64> = None;
+    let pause_max_ms = pause_max.as_millis() as u64;
+    while metrics.changed().await.is_ok() {
+        let (state, term, leader) = {
+            let m = metrics.borrow_and_update();
+            (m.state, m.current_term, m.current_leader)
+        };
+        if state != ServerState::Candidate {
+            if leader.is_some() {
+                stood_in = None;
+            }
+            continue;
+        }
+        match stood_in {
+            Some(t) if term > t => {
+                // Standing again with no leader since the last try: that one failed. Wait a
+                // random while before the next, so the other candidate's comes first.
+                let pause = Duration::from_millis(ThreadRng.next_u64() % (pause_max_ms + 1));
+                raft.runtime_config().elect(false);
+                tokio::time::sleep(pause).await;
+                raft.runtime_config().elect(true);
+                stood_in = Some(metrics.borrow_and_update().current_term);
+            }
+            Some(_) => {}
+            None => stood_in = Some(term),
+        }
+    }
+}

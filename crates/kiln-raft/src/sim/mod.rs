@@ -1,0 +1,931 @@
+//! Deterministic simulation of one replicated partition, with an invariant checker.
+//!
+//! Three replicas run in one current-thread tokio runtime with paused (virtual) time; the
+//! caller builds that runtime (`tokio::runtime::Builder::new_current_thread().enable_time()
+//! .start_paused(true)`) and runs [`run`] in it. Everything random comes from the seed: the
+//! fault schedule, message delays and losses, fsync latency, how much of an unsynced tail a
+//! crash leaves, the client's timing and batch sizes, and openraft's election timeouts
+//! ([`crate::types::seed_thread_rng`]). So a seed replays the same run, and [`SimReport::trace`]
+//! (with [`SimReport::trace_hash`]) is the evidence.
+//!
+//! Faults: crashes of one replica, power loss of all three (every unsynced write dropped, a
+//! torn prefix of the unsynced tail kept at random), restarts, network partitions (one replica
+//! isolated, or one link cut), healing, message loss, and delay spikes. Most crashes and power
+//! losses are aimed at a write in flight: the schedule slows the next fsync of the replica it
+//! picked and waits for that replica to hold written but unsynced bytes, since a crash at a
+//! random moment seldom lands between a write and its fsync (the moment that loses data).
+//!
+//! Bit rot (`rot.rs`): while a crashed replica is down, its synced log bytes (or its vote
+//! file) are damaged, and it must repair from its peers after it restarts. At most one replica
+//! is damaged at a time (the invariants hold while a majority keep their disks): another is
+//! damaged only once the last one has finished its repair. The aimed variant cuts the leader
+//! from one follower, waits for an acknowledgement (the entry is then on the leader and the
+//! other follower only), crashes that follower and damages the entry in its log, and isolates
+//! the leader: without the repair guard the two followers elect a leader without the entry.
+//!
+//! The checker (run after healing everything and waiting for the replicas to converge):
+//! * no acknowledged record lost: every acknowledged batch is in the leader's log at its
+//!   acknowledged offset with the same bytes;
+//! * order: the log's offsets are contiguous from 0; an append acknowledged before another
+//!   started has the lower offset; no two acknowledgements share an offset;
+//! * no read of uncommitted or truncated data: every batch any replica ever served to a reader
+//!   is in the final log at the same offset with the same bytes, and reads start at 0 with no
+//!   gap;
+//! * at most one leader per term (leader epoch);
+//! * convergence: every replica's committed log equals the leader's.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use openraft::ServerState;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::disk::{SimDisk, SyncBehaviour};
+use crate::partition::{raft_config, AppendAck, PartitionError, ReadBatch, ReplicatedPartition};
+use crate::recovery::LogTail;
+use crate::types::{seed_thread_rng, NodeId};
+
+mod batch;
+mod check;
+mod net;
+mod rot;
+
+pub use batch::build_batch;
+pub use net::{SimLink, SimNetworkFactory, SimRouter};
+
+use check::check;
+use net::link;
+use rot::{RotHunt, RotKind};
+
+const NODES: [NodeId; 3] = [1, 2, 3];
+
+/// What one simulated run does.
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    pub seed: u64,
+    /// How the simulated disks answer fsync (`LyingWriteCache` only to prove the checker).
+    pub sync: SyncBehaviour,
+    /// Virtual time during which faults are injected and the client appends.
+    pub fault_ms: u64,
+    /// Appends the client starts (spread over `fault_ms`).
+    pub appends: usize,
+    /// Percent of crashes and power losses aimed at a write in flight; with 0 every one falls
+    /// at a random moment.
+    pub aimed_percent: u32,
+    /// Percent of single-replica crashes after which the down replica's synced bytes rot.
+    pub rot_percent: u32,
+    /// Weight of the aimed bit-rot scenario among the faults (the others weigh 100 together).
+    pub aimed_rot_weight: u32,
+    /// Whether replicas enforce the repair guard. Off only to show what it prevents.
+    #[doc(hidden)]
+    pub repair_guard: bool,
+}
+
+impl SimOptions {
+    pub fn new(seed: u64) -> SimOptions {
+        SimOptions {
+            seed,
+            sync: SyncBehaviour::Honest,
+            fault_ms: 6_000,
+            appends: 150,
+            aimed_percent: 75,
+            rot_percent: 35,
+            aimed_rot_weight: 8,
+            repair_guard: true,
+        }
+    }
+}
+
+/// The outcome of one run.
+#[derive(Debug, Clone, Default)]
+pub struct SimReport {
+    pub seed: u64,
+    /// Every invariant violation the checker found (empty: the run passed).
+    pub violations: Vec<String>,
+    /// Timestamped events: faults, acknowledgements, leaders, checks.
+    pub trace: Vec<String>,
+    pub acknowledged: usize,
+    pub failed_appends: usize,
+    /// Replica crashes, each replica of a power loss counted.
+    pub crashes: usize,
+    pub power_losses: usize,
+    /// Crashes the schedule aimed at a write in flight that found one: the schedule waited
+    /// for the replica to hold written but unsynced bytes (in a power loss, each replica that
+    /// held some counts).
+    pub aimed_crashes: usize,
+    /// Crashes that dropped written but unsynced bytes (the log's or the vote's).
+    pub crashes_losing_unsynced: usize,
+    /// Written but unsynced bytes those crashes dropped, in all.
+    pub unsynced_bytes_dropped: u64,
+    pub partitions: usize,
+    pub leaders: usize,
+    pub final_high_watermark: i64,
+    pub reads_checked: usize,
+    /// Bit-rot faults injected into a down replica's synced log bytes.
+    pub log_rots: usize,
+    /// Of those, the ones that destroyed a committed entry (at or below the highest index any
+    /// replica had applied): an entry this replica may have acknowledged.
+    pub rots_hitting_committed: usize,
+    /// Of the log rots, the aimed ones (the scenario the repair guard exists for).
+    pub aimed_rots: usize,
+    /// Rots of the vote file, and those that lost the latest save (both copies).
+    pub vote_rots: usize,
+    pub vote_saves_lost: usize,
+    /// Restarts that found damage and began a repair, and repairs seen to finish.
+    pub repairs_started: usize,
+    pub repairs_finished: usize,
+}
+
+impl SimReport {
+    /// FNV-1a over the trace: equal hashes mean the run replayed the same way.
+    pub fn trace_hash(&self) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for line in &self.trace {
+            for b in line.bytes().chain(std::iter::once(b'\n')) {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        h
+    }
+
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// True when a violation says an acknowledged record was lost.
+    pub fn lost_acknowledged(&self) -> bool {
+        self.violations.iter().any(|v| v.starts_with("LOST"))
+    }
+}
+
+struct Slot {
+    log_disk: SimDisk,
+    vote_disk: SimDisk,
+    replica: Option<ReplicatedPartition>,
+    watcher: Option<JoinHandle<()>>,
+    /// Virtual ms at which a crashed replica comes back.
+    restart_at: Option<u64>,
+    /// Log and vote bytes synced when it last crashed (only those may rot) and the index it
+    /// had applied.
+    synced_at_crash: (usize, usize),
+    applied_at_crash: Option<u64>,
+}
+
+#[derive(Default)]
+struct Shared {
+    trace: Vec<String>,
+    violations: Vec<String>,
+    /// term → the replica that was leader in it.
+    leaders: BTreeMap<u64, NodeId>,
+    /// (append number, ack, started at, acknowledged at, the batch sent).
+    acks: Vec<(usize, AppendAck, Instant, Instant, Bytes)>,
+    failed: usize,
+    /// (replica, batch) every read returned.
+    reads: Vec<(NodeId, ReadBatch)>,
+}
+
+struct World {
+    start: Instant,
+    router: SimRouter,
+    rng: StdRng,
+    slots: BTreeMap<NodeId, Slot>,
+    shared: Arc<Mutex<Shared>>,
+    report: SimReport,
+    opts: SimOptions,
+    /// Replicas damaged by rot whose repair has not been seen to finish.
+    damaged: BTreeSet<NodeId>,
+    /// Replicas that started under the repair guard and have not been seen to lift it.
+    repairing: BTreeSet<NodeId>,
+}
+
+fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    shared.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn log_line(shared: &Mutex<Shared>, start: Instant, line: String) {
+    let ms = start.elapsed().as_millis();
+    lock(shared).trace.push(format!("{ms:>6}ms {line}"));
+}
+
+impl World {
+    fn log(&self, line: String) {
+        log_line(&self.shared, self.start, line);
+    }
+
+    fn up(&self) -> Vec<ReplicatedPartition> {
+        self.slots
+            .values()
+            .filter_map(|s| s.replica.clone())
+            .collect()
+    }
+
+    async fn start_node(&mut self, id: NodeId) {
+        let config = raft_config(50, 150, 300);
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        slot.restart_at = None;
+        let network = SimNetworkFactory {
+            from: id,
+            router: self.router.clone(),
+        };
+        let started = ReplicatedPartition::start_guarded(
+            id,
+            config,
+            Arc::new(slot.log_disk.clone()),
+            Arc::new(slot.vote_disk.clone()),
+            network,
+            self.opts.repair_guard,
+        )
+        .await;
+        let (replica, recovery) = match started {
+            Ok(r) => r,
+            Err(e) => {
+                lock(&self.shared)
+                    .violations
+                    .push(format!("replica {id} failed to start: {e}"));
+                return;
+            }
+        };
+        self.router.lock().up.insert(id, replica.clone());
+        let mut metrics = replica.raft().metrics();
+        let shared = Arc::clone(&self.shared);
+        let start = self.start;
+        slot.watcher = Some(tokio::spawn(async move {
+            loop {
+                let seen = {
+                    let m = metrics.borrow_and_update();
+                    (m.state == ServerState::Leader).then_some(m.current_term)
+                };
+                if let Some(term) = seen {
+                    let mut s = lock(&shared);
+                    match s.leaders.get(&term) {
+                        Some(&other) if other != id => s.violations.push(format!(
+                            "TWO LEADERS in term {term}: replicas {other} and {id}"
+                        )),
+                        Some(_) => {}
+                        None => {
+                            s.leaders.insert(term, id);
+                            drop(s);
+                            log_line(&shared, start, format!("replica {id} leads term {term}"));
+                        }
+                    }
+                }
+                if metrics.changed().await.is_err() {
+                    return;
+                }
+            }
+        }));
+        slot.replica = Some(replica);
+        let mut line = format!(
+            "start replica {id}: recovered {} entries, cut {} bytes",
+            recovery.entries, recovery.cut_bytes
+        );
+        if let LogTail::Damaged(d) = recovery.tail {
+            line += &format!(
+                "; DAMAGE ({:?}) at byte {}: entries from {} lost, highest index after it {:?}",
+                d.cause, d.at_byte, d.first_lost_index, d.highest_index_after
+            );
+        }
+        if recovery.vote.latest_lost {
+            line += "; the latest vote save is lost";
+        }
+        if recovery.repairing() {
+            line += &format!("; repairing: {:?}", recovery.guard);
+            if self.repairing.insert(id) {
+                self.report.repairs_started += 1;
+            }
+        }
+        self.log(line);
+    }
+
+    /// Notes the damaged replicas whose repair is over: up, with the end of the repair on
+    /// record (the guard is cleared in memory only once the record is synced; a crash before
+    /// that brings the guard back). Without the guard, a damaged replica counts as repaired
+    /// once it is up again.
+    fn note_repairs(&mut self) {
+        let guard_on = self.opts.repair_guard;
+        let done: Vec<NodeId> = self
+            .damaged
+            .union(&self.repairing)
+            .copied()
+            .filter(|id| {
+                self.slots
+                    .get(id)
+                    .and_then(|s| s.replica.as_ref())
+                    .is_some_and(|r| !guard_on || r.health().guard().is_clear())
+            })
+            .collect();
+        for id in done {
+            self.damaged.remove(&id);
+            if self.repairing.remove(&id) {
+                self.report.repairs_finished += 1;
+                self.log(format!("replica {id} repaired: it votes again"));
+            }
+        }
+    }
+
+    /// Whether `id` may be damaged now: no other replica's damage is still unrepaired.
+    fn may_rot(&mut self, id: NodeId) -> bool {
+        self.note_repairs();
+        self.damaged.iter().all(|&d| d == id)
+    }
+
+    /// The highest index any replica has applied (a down one as of its crash): entries at or
+    /// below it are committed.
+    fn committed_index(&self) -> Option<u64> {
+        self.slots
+            .values()
+            .map(|s| match &s.replica {
+                Some(r) => r.raft().metrics().borrow().last_applied.map(|l| l.index),
+                None => s.applied_at_crash,
+            })
+            .max()
+            .flatten()
+    }
+
+    /// Records a rot of `id`'s files in the report and the trace.
+    fn note_rot(&mut self, id: NodeId, rotted: rot::Rotted, aimed: bool) {
+        let committed = self.committed_index();
+        let hit = rotted
+            .first_lost
+            .is_some_and(|lost| committed.is_some_and(|c| lost <= c));
+        match rotted.kind {
+            RotKind::Vote | RotKind::VoteBoth => {
+                self.report.vote_rots += 1;
+                if rotted.kind == RotKind::VoteBoth {
+                    self.report.vote_saves_lost += 1;
+                }
+            }
+            _ => {
+                self.report.log_rots += 1;
+                self.report.aimed_rots += usize::from(aimed);
+                self.report.rots_hitting_committed += usize::from(hit);
+            }
+        }
+        self.damaged.insert(id);
+        self.log(format!(
+            "ROT replica {id} ({:?}{}): {} (byte {}); first lost index {:?}, committed through {:?}",
+            rotted.kind,
+            if aimed { ", aimed" } else { "" },
+            rotted.detail,
+            rotted.at,
+            rotted.first_lost,
+            committed
+        ));
+    }
+
+    /// After a crash of `id`: sometimes its synced bytes rot while it is down.
+    fn maybe_rot(&mut self, id: NodeId) {
+        if self.rng.random_range(0..100) >= self.opts.rot_percent || !self.may_rot(id) {
+            return;
+        }
+        let Some(slot) = self.slots.get(&id) else {
+            return;
+        };
+        let (synced, vote_synced) = slot.synced_at_crash;
+        let (log, vote) = (slot.log_disk.clone(), slot.vote_disk.clone());
+        if let Some(rotted) = rot::rot_at_random(&mut self.rng, &log, &vote, synced, vote_synced) {
+            self.note_rot(id, rotted, false);
+        }
+    }
+
+    /// Starts the aimed rot: cuts the leader's link to one follower (`lagging`), so that the
+    /// next acknowledged entry is on the leader and the other follower (`victim`) only.
+    fn begin_rot_hunt(&mut self, now: u64) -> Option<RotHunt> {
+        let up = self.up();
+        let leader = leader_of(&up)?.id();
+        let others: Vec<NodeId> = NODES.iter().copied().filter(|&n| n != leader).collect();
+        if up.len() < 3 || others.len() != 2 {
+            return None;
+        }
+        let pick = self.rng.random_range(0..2);
+        let (victim, lagging) = (others[pick], others[1 - pick]);
+        if !self.may_rot(victim) {
+            return None;
+        }
+        self.router.lock().cut.insert(link(leader, lagging));
+        self.report.partitions += 1;
+        self.log(format!(
+            "rot hunt: link {leader}-{lagging} cut; waiting for an acknowledgement on leader \
+             {leader} and replica {victim}"
+        ));
+        Some(RotHunt {
+            leader,
+            victim,
+            lagging,
+            acks_before: lock(&self.shared).acks.len(),
+            until: now + self.rng.random_range(100..400),
+        })
+    }
+
+    /// Ends the aimed rot: with a new acknowledgement, crashes the victim, damages the first
+    /// entry the lagging replica lacks, and isolates the leader; without one, heals the cut.
+    fn finish_rot_hunt(&mut self, h: RotHunt, acked: bool) {
+        if !acked {
+            self.router.lock().cut.remove(&link(h.leader, h.lagging));
+            self.log("rot hunt: no acknowledgement came; link restored".to_string());
+            return;
+        }
+        let lagging_last = self
+            .slots
+            .get(&h.lagging)
+            .and_then(|s| s.replica.as_ref())
+            .and_then(|r| r.raft().metrics().borrow().last_log_index);
+        self.crash_node(h.victim, "rot hunt");
+        let Some(slot) = self.slots.get(&h.victim) else {
+            return;
+        };
+        let log = slot.log_disk.clone();
+        let synced = slot.synced_at_crash.0;
+        if let Some(rotted) = rot::rot_aimed(&mut self.rng, &log, synced, lagging_last) {
+            self.note_rot(h.victim, rotted, true);
+        }
+        self.router.lock().cut.insert(link(h.leader, h.victim));
+        self.log(format!(
+            "rot hunt: leader {} isolated; replicas {} and {} hold none of the entries after {:?}",
+            h.leader, h.victim, h.lagging, lagging_last
+        ));
+    }
+
+    /// Crashes replica `id` (if up); `why` goes into the trace.
+    fn crash_node(&mut self, id: NodeId, why: &str) {
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        let Some(replica) = slot.replica.take() else {
+            return;
+        };
+        self.router.lock().up.remove(&id);
+        slot.synced_at_crash = (slot.log_disk.synced_len(), slot.vote_disk.synced_len());
+        slot.applied_at_crash = replica
+            .raft()
+            .metrics()
+            .borrow()
+            .last_applied
+            .map(|l| l.index);
+        let unsynced = slot.log_disk.unsynced_len();
+        let vote_unsynced = slot.vote_disk.unsynced_len();
+        let keep_log = self.rng.random_range(0..=unsynced);
+        let log = slot.log_disk.crash_counting(|_| keep_log);
+        let vote = slot.vote_disk.crash_counting(|_| 0);
+        slot.log_disk = log.disk;
+        slot.vote_disk = vote.disk;
+        if let Some(w) = slot.watcher.take() {
+            w.abort();
+        }
+        let now = self.start.elapsed().as_millis() as u64;
+        slot.restart_at = Some(now + self.rng.random_range(100..1500));
+        tokio::spawn(async move { replica.shutdown().await });
+        let dropped = log.dropped_bytes + vote.dropped_bytes;
+        self.report.crashes += 1;
+        if dropped > 0 {
+            self.report.crashes_losing_unsynced += 1;
+            self.report.unsynced_bytes_dropped += dropped as u64;
+        }
+        self.log(format!(
+            "crash replica {id} ({why}): {unsynced} unsynced log bytes, {keep_log} of them \
+             survive; {vote_unsynced} unsynced vote bytes dropped"
+        ));
+    }
+
+    /// Up replicas holding written but unsynced bytes, in either file.
+    fn in_flight(&self) -> Vec<NodeId> {
+        self.slots
+            .iter()
+            .filter(|(_, s)| {
+                s.replica.is_some()
+                    && (s.log_disk.unsynced_len() > 0 || s.vote_disk.unsynced_len() > 0)
+            })
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// Slows the next fsync of `id`'s files by a seeded 2-40 ms (or disarms it), so that the
+    /// write it covers is still unsynced at the next 1 ms step of the fault loop.
+    fn stall_next_sync(&mut self, id: NodeId, arm: bool) {
+        let (log_ms, vote_ms) = if arm {
+            (self.rng.random_range(2..=40), self.rng.random_range(2..=40))
+        } else {
+            (0, 0)
+        };
+        if let Some(slot) = self.slots.get(&id) {
+            slot.log_disk.stall_next_sync(Duration::from_millis(log_ms));
+            slot.vote_disk
+                .stall_next_sync(Duration::from_millis(vote_ms));
+        }
+    }
+
+    fn power_loss(&mut self, why: &str) {
+        self.log(format!("power loss of every replica ({why})"));
+        self.report.power_losses += 1;
+        for id in self.up().iter().map(|r| r.id()).collect::<Vec<_>>() {
+            self.crash_node(id, why);
+        }
+    }
+
+    fn down(&self) -> Vec<NodeId> {
+        self.slots
+            .iter()
+            .filter(|(_, s)| s.replica.is_none())
+            .map(|(&id, _)| id)
+            .collect()
+    }
+}
+
+/// A crash (of `target`) or a power loss (`None`) waiting for a write in flight, until the
+/// virtual ms `until`, when it falls anyway.
+#[derive(Clone, Copy)]
+struct Hunt {
+    target: Option<NodeId>,
+    until: u64,
+}
+
+/// The replica that is leader now, if any (the one in the highest term).
+fn leader_of(replicas: &[ReplicatedPartition]) -> Option<ReplicatedPartition> {
+    replicas
+        .iter()
+        .filter_map(|r| r.leader_epoch().map(|e| (e, r)))
+        .max_by_key(|(e, _)| *e)
+        .map(|(_, r)| r.clone())
+}
+
+async fn client_append(
+    world_up: Vec<ReplicatedPartition>,
+    n: usize,
+    batch: Bytes,
+    shared: Arc<Mutex<Shared>>,
+    start: Instant,
+) {
+    let began = Instant::now();
+    let mut target = leader_of(&world_up).or_else(|| world_up.first().cloned());
+    let mut tries = 0;
+    let res = loop {
+        let Some(t) = target.clone() else {
+            lock(&shared).failed += 1;
+            return;
+        };
+        tries += 1;
+        let res = tokio::time::timeout(Duration::from_secs(3), t.append(batch.clone())).await;
+        // Follow the leader hint, as a Kafka client does after NOT_LEADER_OR_FOLLOWER.
+        if let Ok(Err(PartitionError::NotLeader { leader: Some(l) })) = &res {
+            if tries < 3 {
+                if let Some(next) = world_up.iter().find(|r| r.id() == *l) {
+                    target = Some(next.clone());
+                    continue;
+                }
+            }
+        }
+        break res;
+    };
+    let Some(target) = target else {
+        return;
+    };
+    match res {
+        Ok(Ok(ack)) => {
+            log_line(
+                &shared,
+                start,
+                format!(
+                    "ack append {n} via replica {}: offsets {}..={} epoch {}",
+                    target.id(),
+                    ack.base_offset,
+                    ack.last_offset,
+                    ack.leader_epoch
+                ),
+            );
+            lock(&shared)
+                .acks
+                .push((n, ack, began, Instant::now(), batch));
+        }
+        Ok(Err(e)) => {
+            let why = match e {
+                PartitionError::NotLeader { .. } => "not leader".to_string(),
+                other => other.to_string(),
+            };
+            log_line(&shared, start, format!("append {n} failed: {why}"));
+            lock(&shared).failed += 1;
+        }
+        Err(_) => {
+            log_line(
+                &shared,
+                start,
+                format!("append {n} timed out (outcome unknown)"),
+            );
+            lock(&shared).failed += 1;
+        }
+    }
+}
+
+/// Runs one seeded simulation and checks the invariants. Must run inside a current-thread
+/// tokio runtime with paused time (see the module docs).
+pub async fn run(opts: SimOptions) -> SimReport {
+    seed_thread_rng(opts.seed ^ 0x9e37_79b9_7f4a_7c15);
+    let mut rng = StdRng::seed_from_u64(opts.seed);
+    let router = SimRouter::new(rng.random());
+    let mut slots = BTreeMap::new();
+    for id in NODES {
+        let sync_delay = Duration::from_millis(rng.random_range(1..=12));
+        slots.insert(
+            id,
+            Slot {
+                log_disk: SimDisk::new(sync_delay, opts.sync),
+                vote_disk: SimDisk::new(sync_delay, opts.sync),
+                replica: None,
+                watcher: None,
+                restart_at: None,
+                synced_at_crash: (0, 0),
+                applied_at_crash: None,
+            },
+        );
+    }
+    let mut world = World {
+        start: Instant::now(),
+        router,
+        rng,
+        slots,
+        shared: Arc::new(Mutex::new(Shared::default())),
+        report: SimReport {
+            seed: opts.seed,
+            ..SimReport::default()
+        },
+        opts: opts.clone(),
+        damaged: BTreeSet::new(),
+        repairing: BTreeSet::new(),
+    };
+    for id in NODES {
+        world.start_node(id).await;
+    }
+    if let Some(first) = world.slots.get(&1).and_then(|s| s.replica.clone()) {
+        if let Err(e) = first.initialize(NODES.into_iter().collect()).await {
+            lock(&world.shared)
+                .violations
+                .push(format!("initialize failed: {e}"));
+        }
+    }
+
+    // The client: appends spread over the fault phase, each on its own task.
+    let mut client_plan = Vec::new();
+    let mut at = 0u64;
+    for n in 0..opts.appends {
+        at += world
+            .rng
+            .random_range(0..=(2 * opts.fault_ms / opts.appends.max(1) as u64));
+        let records = world.rng.random_range(1..=3usize);
+        let values: Vec<Vec<u8>> = (0..records)
+            .map(|r| format!("seed {} append {n} record {r}", opts.seed).into_bytes())
+            .collect();
+        client_plan.push((
+            at.min(opts.fault_ms),
+            n,
+            Bytes::from(build_batch(&values, n as i64)),
+        ));
+    }
+    let mut client_tasks = Vec::new();
+    let mut next_read = 0u64;
+    let mut next_fault = world.rng.random_range(100..400);
+    let mut plan = client_plan.into_iter().peekable();
+    let mut spike_until = 0u64;
+    let mut hunt: Option<Hunt> = None;
+    let mut rot_hunt: Option<RotHunt> = None;
+    // The fault phase, in 1 ms steps of virtual time.
+    for now in 0..opts.fault_ms {
+        tokio::time::sleep_until(world.start + Duration::from_millis(now)).await;
+        world.note_repairs();
+        let due: Vec<NodeId> = world
+            .slots
+            .iter()
+            .filter(|(_, s)| s.replica.is_none() && s.restart_at.is_some_and(|t| t <= now))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in due {
+            world.start_node(id).await;
+        }
+        while let Some((when, n, batch)) = plan.next_if(|(w, _, _)| *w <= now) {
+            let _ = when;
+            client_tasks.push(tokio::spawn(client_append(
+                world.up(),
+                n,
+                batch,
+                Arc::clone(&world.shared),
+                world.start,
+            )));
+        }
+        if now >= next_read {
+            next_read = now + world.rng.random_range(20..120);
+            let up = world.up();
+            if !up.is_empty() {
+                let r = &up[world.rng.random_range(0..up.len())];
+                if let Ok(batches) = r.read(0, usize::MAX) {
+                    let mut s = lock(&world.shared);
+                    s.reads.extend(batches.into_iter().map(|b| (r.id(), b)));
+                }
+            }
+        }
+        if spike_until != 0 && now >= spike_until {
+            spike_until = 0;
+            world.router.lock().delay_max_ms = 8;
+            world.log("delays back to normal".to_string());
+        }
+        // An aimed crash waits (and holds back the other faults) until a write is in flight
+        // on its target, or its time runs out.
+        if let Some(h) = &hunt {
+            let mut in_flight = world.in_flight();
+            let hit = match h.target {
+                Some(id) => {
+                    in_flight.retain(|&x| x == id);
+                    !in_flight.is_empty()
+                }
+                // A power loss waits for two replicas with a write in flight (or the only one
+                // up), so that it drops unsynced data on a majority at once.
+                None => in_flight.len() >= 2.min(world.up().len()).max(1),
+            };
+            if hit || now >= h.until {
+                let h = *h;
+                hunt = None;
+                for id in NODES {
+                    world.stall_next_sync(id, false);
+                }
+                let why = if hit {
+                    "aimed, write in flight"
+                } else {
+                    "aimed, no write came"
+                };
+                match h.target {
+                    Some(id) => {
+                        world.crash_node(id, why);
+                        world.maybe_rot(id);
+                    }
+                    None => world.power_loss(why),
+                }
+                if hit {
+                    world.report.aimed_crashes += in_flight.len();
+                }
+                next_fault = now + world.rng.random_range(100..500);
+            }
+            continue;
+        }
+        // The aimed rot waits (and holds back the other faults) for an acknowledgement.
+        if let Some(h) = rot_hunt {
+            let acked = lock(&world.shared).acks.len() > h.acks_before;
+            if acked || now >= h.until {
+                rot_hunt = None;
+                world.finish_rot_hunt(h, acked);
+                next_fault = now + world.rng.random_range(100..500);
+            }
+            continue;
+        }
+        if now >= next_fault {
+            next_fault = now + world.rng.random_range(100..500);
+            let roll = world.rng.random_range(0..100 + opts.aimed_rot_weight);
+            let up: Vec<NodeId> = world.up().iter().map(|r| r.id()).collect();
+            let down = world.down();
+            // Drawn only when aiming is on, so that with it off no fault moves.
+            let aimed =
+                opts.aimed_percent > 0 && world.rng.random_range(0..100) < opts.aimed_percent;
+            match roll {
+                0..=24 if !up.is_empty() => {
+                    let id = up[world.rng.random_range(0..up.len())];
+                    if aimed {
+                        world.stall_next_sync(id, true);
+                        hunt = Some(Hunt {
+                            target: Some(id),
+                            until: now + world.rng.random_range(50..400),
+                        });
+                    } else {
+                        world.crash_node(id, "random moment");
+                        world.maybe_rot(id);
+                    }
+                }
+                25..=29 if !up.is_empty() => {
+                    if aimed {
+                        for &id in &up {
+                            world.stall_next_sync(id, true);
+                        }
+                        hunt = Some(Hunt {
+                            target: None,
+                            until: now + world.rng.random_range(50..400),
+                        });
+                    } else {
+                        world.power_loss("random moment");
+                    }
+                }
+                30..=59 if !down.is_empty() => {
+                    let id = down[world.rng.random_range(0..down.len())];
+                    world.start_node(id).await;
+                }
+                60..=74 => {
+                    let id = NODES[world.rng.random_range(0..NODES.len())];
+                    let mut net = world.router.lock();
+                    for other in NODES.iter().filter(|&&o| o != id) {
+                        net.cut.insert(link(id, *other));
+                    }
+                    drop(net);
+                    world.report.partitions += 1;
+                    world.log(format!("partition: replica {id} isolated"));
+                }
+                75..=79 => {
+                    let a = NODES[world.rng.random_range(0..NODES.len())];
+                    let b =
+                        NODES[(NODES.iter().position(|&x| x == a).unwrap_or(0) + 1) % NODES.len()];
+                    world.router.lock().cut.insert(link(a, b));
+                    world.report.partitions += 1;
+                    world.log(format!("partition: link {a}-{b} cut"));
+                }
+                80..=94 => {
+                    world.router.lock().cut.clear();
+                    world.log("network healed".to_string());
+                }
+                100.. => rot_hunt = world.begin_rot_hunt(now),
+                _ => {
+                    let max = world.rng.random_range(50..300);
+                    world.router.lock().delay_max_ms = max;
+                    spike_until = now + world.rng.random_range(200..1000);
+                    world.log(format!("delay spike: up to {max} ms"));
+                }
+            }
+        }
+    }
+
+    // Heal: network whole, every replica up, then let the client's last appends finish.
+    {
+        let mut net = world.router.lock();
+        net.cut.clear();
+        net.delay_max_ms = 8;
+        net.loss_percent = 0;
+    }
+    world.log("heal: network whole, restarting every replica".to_string());
+    for id in world.down() {
+        world.start_node(id).await;
+    }
+    for t in client_tasks {
+        let _ = t.await;
+    }
+
+    // Converge: a leader commits one more entry in its term (so everything before it is
+    // committed), then every replica's high watermark reaches the leader's.
+    let mut leader = None;
+    for attempt in 0..100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let up = world.up();
+        if let Some(l) = leader_of(&up) {
+            let marker = Bytes::from(build_batch(&[b"final marker".to_vec()], -1));
+            if let Ok(Ok(ack)) =
+                tokio::time::timeout(Duration::from_secs(2), l.append(marker.clone())).await
+            {
+                world.log(format!(
+                    "final marker committed at {} by replica {} (attempt {attempt})",
+                    ack.base_offset,
+                    l.id()
+                ));
+                lock(&world.shared).acks.push((
+                    usize::MAX,
+                    ack,
+                    Instant::now(),
+                    Instant::now(),
+                    marker,
+                ));
+                leader = Some(l);
+                break;
+            }
+        }
+    }
+    let mut report = std::mem::take(&mut world.report);
+    let Some(leader) = leader else {
+        let mut s = lock(&world.shared);
+        s.violations
+            .push("LIVENESS: no leader committed an entry within 10 s after healing".to_string());
+        report.trace = std::mem::take(&mut s.trace);
+        report.violations = std::mem::take(&mut s.violations);
+        return report;
+    };
+    let target_hw = leader.high_watermark();
+    for _ in 0..100 {
+        if world.up().iter().all(|r| r.high_watermark() >= target_hw) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    world.note_repairs();
+    for id in world.repairing.clone() {
+        world.log(format!(
+            "replica {id} is still repairing at the end of the run"
+        ));
+    }
+    // The report was taken before the convergence wait; repairs seen since count too.
+    report.repairs_started += world.report.repairs_started;
+    report.repairs_finished += world.report.repairs_finished;
+    check(&world, &leader, &mut report);
+    for id in NODES {
+        world.crash_node(id, "end of run");
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    report
+}

@@ -1,0 +1,185 @@
+//! The simulated network: seeded delays and losses, cut links, replicas up or down.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
+use openraft::network::{Backoff, RPCOption};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{EmptyNode, RaftNetwork, RaftNetworkFactory};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::partition::ReplicatedPartition;
+use crate::types::{KilnRaft, NodeId};
+
+pub(super) struct NetState {
+    pub(super) up: BTreeMap<NodeId, ReplicatedPartition>,
+    /// Cut links, stored as (low, high).
+    pub(super) cut: BTreeSet<(NodeId, NodeId)>,
+    rng: StdRng,
+    pub(super) delay_max_ms: u64,
+    pub(super) loss_percent: u32,
+}
+
+/// The simulated network: which replicas are up, which links are cut, delays and losses.
+#[derive(Clone)]
+pub struct SimRouter {
+    state: Arc<Mutex<NetState>>,
+}
+
+pub(super) fn link(a: NodeId, b: NodeId) -> (NodeId, NodeId) {
+    (a.min(b), a.max(b))
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("simulated network: {0}")]
+struct NetError(&'static str);
+
+fn unreachable<E: std::error::Error>(why: &'static str) -> RPCError<NodeId, EmptyNode, E> {
+    RPCError::Unreachable(Unreachable::new(&NetError(why)))
+}
+
+impl SimRouter {
+    pub(super) fn new(seed: u64) -> SimRouter {
+        SimRouter {
+            state: Arc::new(Mutex::new(NetState {
+                up: BTreeMap::new(),
+                cut: BTreeSet::new(),
+                rng: StdRng::seed_from_u64(seed),
+                delay_max_ms: 8,
+                loss_percent: 1,
+            })),
+        }
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, NetState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One network hop: a seeded delay, then whether it arrived (link up, not lost).
+    async fn hop(&self, from: NodeId, to: NodeId) -> bool {
+        let (delay, lost) = {
+            let mut s = self.lock();
+            let max = s.delay_max_ms;
+            let loss = s.loss_percent;
+            let delay = s.rng.random_range(0..=max);
+            let lost = s.rng.random_range(0..100) < loss;
+            (delay, lost)
+        };
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        let s = self.lock();
+        !lost
+            && !s.cut.contains(&link(from, to))
+            && s.up.contains_key(&to)
+            && s.up.contains_key(&from)
+    }
+
+    async fn deliver<E: std::error::Error>(
+        &self,
+        from: NodeId,
+        to: NodeId,
+    ) -> Result<ReplicatedPartition, RPCError<NodeId, EmptyNode, E>> {
+        if !self.hop(from, to).await {
+            return Err(unreachable("request lost"));
+        }
+        self.lock()
+            .up
+            .get(&to)
+            .cloned()
+            .ok_or_else(|| unreachable("target down"))
+    }
+
+    async fn respond<E: std::error::Error>(
+        &self,
+        from: NodeId,
+        to: NodeId,
+    ) -> Result<(), RPCError<NodeId, EmptyNode, E>> {
+        if self.hop(to, from).await {
+            Ok(())
+        } else {
+            Err(unreachable("response lost"))
+        }
+    }
+}
+
+/// openraft's network factory over [`SimRouter`].
+pub struct SimNetworkFactory {
+    pub(super) from: NodeId,
+    pub(super) router: SimRouter,
+}
+
+/// One replica's connection to another, over [`SimRouter`].
+pub struct SimLink {
+    from: NodeId,
+    to: NodeId,
+    router: SimRouter,
+}
+
+impl RaftNetworkFactory<KilnRaft> for SimNetworkFactory {
+    type Network = SimLink;
+
+    async fn new_client(&mut self, target: NodeId, _node: &EmptyNode) -> SimLink {
+        SimLink {
+            from: self.from,
+            to: target,
+            router: self.router.clone(),
+        }
+    }
+}
+
+impl RaftNetwork<KilnRaft> for SimLink {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<KilnRaft>,
+        _option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, EmptyNode, RaftError<NodeId>>> {
+        let target = self.router.deliver(self.from, self.to).await?;
+        let resp = target
+            .raft()
+            .append_entries(rpc)
+            .await
+            .map_err(|_| unreachable("target stopped"))?;
+        self.router.respond(self.from, self.to).await?;
+        Ok(resp)
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        _rpc: InstallSnapshotRequest<KilnRaft>,
+        _option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, EmptyNode, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        // The log is never purged, so a follower is always caught up from the log.
+        Err(unreachable("snapshots are not used"))
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        _option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, EmptyNode, RaftError<NodeId>>> {
+        let target = self.router.deliver(self.from, self.to).await?;
+        // As `net::serve` does: a replica repairing damaged files grants no votes.
+        if target.repairing() {
+            return Err(unreachable("target is repairing"));
+        }
+        let resp = target
+            .raft()
+            .vote(rpc)
+            .await
+            .map_err(|_| unreachable("target stopped"))?;
+        self.router.respond(self.from, self.to).await?;
+        Ok(resp)
+    }
+
+    fn backoff(&self) -> Backoff {
+        Backoff::new(std::iter::repeat(Duration::from_millis(50)))
+    }
+}

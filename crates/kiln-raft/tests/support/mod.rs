@@ -1,0 +1,203 @@
+//! A three-broker cluster over real sockets and files, for the damage and full-disk tests.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln_raft::disk::{Disk, FileDisk, SyncFuture};
+use kiln_raft::net::{serve, GroupTable, PeerAddrs, TcpNetwork};
+use kiln_raft::partition::raft_config;
+use kiln_raft::recovery::LogRecovery;
+use kiln_raft::sim::build_batch;
+use kiln_raft::{NodeId, ReplicatedPartition};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+pub const GROUP: &str = "orders/0";
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// A file whose appends fail with ENOSPC while `full` is set, as on a full filesystem (the
+/// partial write already cut back, as `FileDisk` does).
+pub struct FullableDisk {
+    inner: FileDisk,
+    pub full: Arc<AtomicBool>,
+}
+
+impl Disk for FullableDisk {
+    fn read_all(&self) -> io::Result<Vec<u8>> {
+        self.inner.read_all()
+    }
+    fn append(&self, bytes: &[u8]) -> io::Result<()> {
+        if self.full.load(Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(28));
+        }
+        self.inner.append(bytes)
+    }
+    fn truncate(&self, len: u64) -> io::Result<()> {
+        self.inner.truncate(len)
+    }
+    fn sync(&self) -> SyncFuture {
+        self.inner.sync()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+pub struct Broker {
+    pub id: NodeId,
+    pub dir: PathBuf,
+    pub replica: ReplicatedPartition,
+    pub recovery: LogRecovery,
+    pub server: JoinHandle<()>,
+    /// Set: this broker's `raft.log` is full.
+    pub full: Arc<AtomicBool>,
+}
+
+impl Broker {
+    /// Stops the replica and its listener (awaited, so its port can be bound again).
+    pub async fn stop(&self) {
+        self.replica.shutdown().await;
+        self.server.abort();
+        while !self.server.is_finished() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// Starts broker `id` on `listener` with its files in `dir`.
+pub async fn start_broker(
+    id: NodeId,
+    dir: &Path,
+    listener: TcpListener,
+    peers: &PeerAddrs,
+) -> Broker {
+    std::fs::create_dir_all(dir).unwrap();
+    let full = Arc::new(AtomicBool::new(false));
+    let log = Arc::new(FullableDisk {
+        inner: FileDisk::open(&dir.join("raft.log")).unwrap(),
+        full: full.clone(),
+    });
+    let vote = Arc::new(FileDisk::open(&dir.join("vote")).unwrap());
+    let network = TcpNetwork::new(GROUP, peers.clone(), Duration::from_millis(500));
+    let (replica, recovery) =
+        ReplicatedPartition::start(id, raft_config(50, 150, 300), log, vote, network)
+            .await
+            .unwrap();
+    let table = GroupTable::new();
+    table.insert_replica(GROUP, &replica);
+    let server = tokio::spawn(serve(listener, Arc::new(table)));
+    Broker {
+        id,
+        dir: dir.to_path_buf(),
+        replica,
+        recovery,
+        server,
+        full,
+    }
+}
+
+/// Binds three listeners (or rebinds `addrs`) and returns them with the address book.
+pub async fn listeners(addrs: Option<&PeerAddrs>) -> (Vec<TcpListener>, PeerAddrs) {
+    let mut out = Vec::new();
+    let mut peers = BTreeMap::new();
+    for id in 1..=3u64 {
+        let at = addrs.map_or("127.0.0.1:0".to_string(), |a| a[&id].clone());
+        let listener = TcpListener::bind(&at).await.unwrap();
+        peers.insert(id, listener.local_addr().unwrap().to_string());
+        out.push(listener);
+    }
+    (out, Arc::new(peers))
+}
+
+/// Starts three brokers under `root` (new, or restarted on their files and addresses).
+pub async fn start_cluster(root: &Path, addrs: Option<&PeerAddrs>) -> (Vec<Broker>, PeerAddrs) {
+    let (listeners, peers) = listeners(addrs).await;
+    let mut brokers = Vec::new();
+    for (i, listener) in listeners.into_iter().enumerate() {
+        let id = i as u64 + 1;
+        let dir = root.join(format!("broker-{id}"));
+        brokers.push(start_broker(id, &dir, listener, &peers).await);
+        // Replicas started in the same millisecond tick in phase and split votes (see
+        // tests/net.rs); brokers never start together.
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    if addrs.is_none() {
+        brokers[0]
+            .replica
+            .initialize(BTreeSet::from([1, 2, 3]))
+            .await
+            .unwrap();
+    }
+    (brokers, peers)
+}
+
+/// Waits until every replica in `replicas` names the same leader, one of them, and returns it.
+pub async fn wait_for_leader(replicas: &[&ReplicatedPartition]) -> ReplicatedPartition {
+    let found = tokio::time::timeout(WAIT, async {
+        loop {
+            let leaders: Vec<Option<NodeId>> = replicas
+                .iter()
+                .map(|r| r.raft().metrics().borrow().current_leader)
+                .collect();
+            if let Some(Some(leader)) = leaders.first() {
+                if leaders.iter().all(|l| *l == Some(*leader)) {
+                    if let Some(r) = replicas
+                        .iter()
+                        .find(|r| r.id() == *leader && r.leader_epoch().is_some())
+                    {
+                        return (*r).clone();
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    found.expect("no leader elected in time")
+}
+
+pub async fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let done = tokio::time::timeout(WAIT, async {
+        while !ok() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(done.is_ok(), "timed out waiting for {what}");
+}
+
+pub fn record(i: usize) -> Vec<u8> {
+    build_batch(
+        &[format!("record-{i}").into_bytes()],
+        1_700_000_000_000 + i as i64,
+    )
+}
+
+/// Checks that `replica` holds `expected` (offset → single-record batch) below its high
+/// watermark, which must be `expected.len()`. Only the bytes the batch CRC covers are
+/// compared (base offset and leader epoch are stamped on read).
+pub fn assert_log_holds(replica: &ReplicatedPartition, expected: &BTreeMap<i64, Vec<u8>>) {
+    let hw = replica.high_watermark();
+    assert_eq!(hw, expected.len() as i64, "replica {}", replica.id());
+    let mut offset = 0i64;
+    while offset < hw {
+        let batches = replica.read(offset, 64 << 10).unwrap();
+        assert!(!batches.is_empty(), "nothing read at {offset}");
+        for b in batches {
+            assert_eq!(b.base_offset, offset);
+            let want = &expected[&offset];
+            assert_eq!(
+                &b.bytes[16..],
+                &want[16..],
+                "replica {} offset {offset}",
+                replica.id()
+            );
+            offset += 1;
+        }
+    }
+}
