@@ -4,6 +4,12 @@
 //! * `replay_is_exact`: a seed run twice gives the same trace.
 //! * `checker_catches_a_disk_that_acks_before_fsync`: with disks that report fsync before the
 //!   data is durable, the checker finds a lost acknowledged record for some seed.
+//! * `checker_catches_a_rebuild_past_the_high_watermark`: a coordinator that rebuilds the
+//!   committed offsets from everything its replica wrote, committed or not, is caught (a
+//!   committed offset moves backwards or an acknowledged commit is missing) for some seed;
+//!   the same seed passes with the rebuild below the high watermark.
+//! * `checker_catches_lost_commits_on_lying_disks`: with disks that acknowledge fsync early,
+//!   some seed loses an acknowledged offset commit.
 //! * `the_repair_guard_is_what_saves_records_on_a_rotted_replica`: with the repair guard off,
 //!   bit rot on a replica loses an acknowledged record for some seed; the same seed passes
 //!   with it on.
@@ -27,7 +33,7 @@ fn simulate(opts: SimOptions) -> SimReport {
 
 fn describe(r: &SimReport) -> String {
     format!(
-        "seed {}: {} acked, {} failed, {} crashes ({} aimed, {} lost unsynced bytes, {} bytes dropped), {} power losses, {} partitions, {} log rots ({} aimed, {} hit committed entries), {} vote rots ({} lost the latest save), {}/{} repairs finished, {} leaders, hw {}, {} reads checked, trace {:016x}",
+        "seed {}: {} acked, {} failed, {} crashes ({} aimed, {} lost unsynced bytes, {} bytes dropped), {} power losses, {} partitions, {} log rots ({} aimed, {} hit committed entries), {} vote rots ({} lost the latest save), {}/{} repairs finished, {} leaders, hw {}, {} reads checked; offsets: {} commits acked, {} failed, {} rebuilds observed, {} leaders, hw {}; trace {:016x}",
         r.seed,
         r.acknowledged,
         r.failed_appends,
@@ -47,6 +53,11 @@ fn describe(r: &SimReport) -> String {
         r.leaders,
         r.final_high_watermark,
         r.reads_checked,
+        r.commits_acknowledged,
+        r.failed_commits,
+        r.rebuilds,
+        r.offsets_leaders,
+        r.offsets_high_watermark,
         r.trace_hash()
     )
 }
@@ -67,6 +78,8 @@ struct Totals {
     vote_saves_lost: usize,
     repairs_started: usize,
     repairs_finished: usize,
+    commits_acknowledged: usize,
+    rebuilds: usize,
 }
 
 impl Totals {
@@ -84,6 +97,8 @@ impl Totals {
         self.vote_saves_lost += r.vote_saves_lost;
         self.repairs_started += r.repairs_started;
         self.repairs_finished += r.repairs_finished;
+        self.commits_acknowledged += r.commits_acknowledged;
+        self.rebuilds += r.rebuilds;
     }
 
     /// Share of crashes that dropped written but unsynced bytes.
@@ -93,7 +108,7 @@ impl Totals {
 
     fn describe(&self) -> String {
         format!(
-            "{} seeds: {} crashes, {} power losses, {} aimed at a write in flight, {} crashes that lost unsynced bytes ({:.1}%), {} unsynced bytes dropped; bit rot: {} in synced log bytes ({} aimed, {} destroyed committed entries), {} in vote files ({} lost the latest save), {} repairs started, {} finished",
+            "{} seeds: {} crashes, {} power losses, {} aimed at a write in flight, {} crashes that lost unsynced bytes ({:.1}%), {} unsynced bytes dropped; bit rot: {} in synced log bytes ({} aimed, {} destroyed committed entries), {} in vote files ({} lost the latest save), {} repairs started, {} finished; offsets group: {} commits acknowledged, {} rebuilds observed",
             self.seeds,
             self.crashes,
             self.power_losses,
@@ -107,7 +122,9 @@ impl Totals {
             self.vote_rots,
             self.vote_saves_lost,
             self.repairs_started,
-            self.repairs_finished
+            self.repairs_finished,
+            self.commits_acknowledged,
+            self.rebuilds
         )
     }
 }
@@ -148,6 +165,13 @@ fn ci_seeds() {
         totals.crashes
     );
     assert!(total_acked > 100, "too few acknowledgements: {total_acked}");
+    // The offsets group is exercised too: commits acknowledged and rebuilds observed.
+    assert!(
+        totals.commits_acknowledged > 20 * CI_SEEDS.count()
+            && totals.rebuilds > 10 * CI_SEEDS.count(),
+        "too little offsets traffic: {}",
+        totals.describe()
+    );
     // And the crashes keep landing between a write and its fsync, where unsynced data is lost
     // (at random moments only a few percent do).
     assert!(
@@ -197,6 +221,53 @@ fn checker_catches_a_disk_that_acks_before_fsync() {
     if !honest.passed() {
         fail_with_trace(&honest);
     }
+}
+
+#[test]
+fn checker_catches_a_rebuild_past_the_high_watermark() {
+    let mut caught = None;
+    for seed in 0..30u64 {
+        let mut opts = SimOptions::new(seed);
+        opts.rebuild_past_high_watermark = true;
+        let r = simulate(opts);
+        if r.offsets_violated() {
+            caught = Some(r);
+            break;
+        }
+    }
+    let r = caught.expect("no seed in 0..30 caught a rebuild past the high watermark");
+    let first = r
+        .violations
+        .iter()
+        .find(|v| v.starts_with("MONOTONIC") || v.starts_with("LOST COMMIT"))
+        .unwrap();
+    println!("{}: {first}", describe(&r));
+    // The same seed with the rebuild below the high watermark passes.
+    let honest = simulate(SimOptions::new(r.seed));
+    if !honest.passed() {
+        fail_with_trace(&honest);
+    }
+}
+
+#[test]
+fn checker_catches_lost_commits_on_lying_disks() {
+    let mut caught = None;
+    for seed in 0..30u64 {
+        let mut opts = SimOptions::new(seed);
+        opts.sync = SyncBehaviour::LyingWriteCache;
+        let r = simulate(opts);
+        if r.offsets_violated() {
+            caught = Some(r);
+            break;
+        }
+    }
+    let r = caught.expect("no seed in 0..30 lost an acknowledged commit with lying disks");
+    let first = r
+        .violations
+        .iter()
+        .find(|v| v.starts_with("MONOTONIC") || v.starts_with("LOST COMMIT"))
+        .unwrap();
+    println!("{}: {first}", describe(&r));
 }
 
 /// The aimed rot without the guard: the rotted follower and the lagging one elect a leader

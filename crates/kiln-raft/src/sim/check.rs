@@ -1,20 +1,86 @@
-//! The invariant checker, run once the replicas have converged (see the module docs of
-//! `sim`).
+//! The invariant checker, run once the replicas of both groups have converged (see the module
+//! docs of `sim`).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::batch::unstamped;
-use super::{lock, SimReport, World};
+use super::offsets::OffsetsShared;
+use super::{lock, Ack, SimReport, World, DATA, OFFSETS};
 use crate::partition::{ReadBatch, ReplicatedPartition};
+use crate::types::NodeId;
 
-pub(super) fn check(world: &World, leader: &ReplicatedPartition, report: &mut SimReport) {
+pub(super) fn check(
+    world: &World,
+    leader: &ReplicatedPartition,
+    off_leader: &ReplicatedPartition,
+    report: &mut SimReport,
+) {
     let mut s = lock(&world.shared);
     let mut v: Vec<String> = Vec::new();
+    let data = check_group("", leader, &world.up_in(DATA), &s.acks, &s.reads, &mut v);
+    report.final_high_watermark = data.high_watermark;
+    report.reads_checked = s.reads.len();
+    let off = check_group(
+        " (offsets group)",
+        off_leader,
+        &world.up_in(OFFSETS),
+        &s.off.acks,
+        &s.off.reads,
+        &mut v,
+    );
+    report.offsets_high_watermark = off.high_watermark;
+    check_offsets(&s.off, &mut v);
+    report.acknowledged = s.acks.len();
+    report.failed_appends = s.failed;
+    report.leaders = s.leaders[DATA].len();
+    report.commits_acknowledged = s.off.commits.len();
+    report.failed_commits = s.off.failed;
+    report.rebuilds = s.off.rebuilds.len();
+    report.offsets_leaders = s.leaders[OFFSETS].len();
+    let mut summary = String::new();
+    let _ = write!(
+        summary,
+        "check: {} acknowledged, {} failed, log end {}, {} leaders, {} reads; offsets: {} commits acknowledged, {} failed, {} rebuilds, log end {}, {} leaders; {} violations",
+        s.acks.len(),
+        s.failed,
+        data.end,
+        s.leaders[DATA].len(),
+        s.reads.len(),
+        s.off.commits.len(),
+        s.off.failed,
+        s.off.rebuilds.len(),
+        off.end,
+        s.leaders[OFFSETS].len(),
+        v.len() + s.violations.len()
+    );
+    let ms = world.start.elapsed().as_millis();
+    s.trace.push(format!("{ms:>6}ms {summary}"));
+    s.violations.extend(v);
+    report.trace = std::mem::take(&mut s.trace);
+    report.violations = std::mem::take(&mut s.violations);
+}
+
+/// Where one group's final log ends.
+struct GroupEnd {
+    end: i64,
+    high_watermark: i64,
+}
+
+/// The invariants every group keeps: no acknowledged record lost, order, no read of data not
+/// in the final log, convergence. `tag` names the group in violations.
+fn check_group(
+    tag: &str,
+    leader: &ReplicatedPartition,
+    replicas: &[ReplicatedPartition],
+    acks: &[Ack],
+    reads: &[(NodeId, ReadBatch)],
+    v: &mut Vec<String>,
+) -> GroupEnd {
     let final_log = match leader.read(0, usize::MAX) {
         Ok(b) => b,
         Err(e) => {
-            v.push(format!("leader read failed: {e}"));
+            v.push(format!("leader read failed{tag}: {e}"));
             Vec::new()
         }
     };
@@ -24,7 +90,7 @@ pub(super) fn check(world: &World, leader: &ReplicatedPartition, report: &mut Si
     for b in &final_log {
         if b.base_offset != expect {
             v.push(format!(
-                "ORDER: batch at {} but expected {expect}",
+                "ORDER{tag}: batch at {} but expected {expect}",
                 b.base_offset
             ));
         }
@@ -33,62 +99,60 @@ pub(super) fn check(world: &World, leader: &ReplicatedPartition, report: &mut Si
                 let count = batches.first().map_or(0, |x| x.header.record_count);
                 expect = b.base_offset + i64::from(count);
             }
-            Err(e) => v.push(format!("CORRUPT: batch at {}: {e}", b.base_offset)),
+            Err(e) => v.push(format!("CORRUPT{tag}: batch at {}: {e}", b.base_offset)),
         }
         by_offset.insert(b.base_offset, b);
     }
     let hw = leader.high_watermark();
     if expect != hw {
         v.push(format!(
-            "HW: log ends at {expect} but the high watermark is {hw}"
+            "HW{tag}: log ends at {expect} but the high watermark is {hw}"
         ));
     }
-    report.final_high_watermark = hw;
     // No acknowledged record lost.
     let mut seen_offsets = BTreeMap::new();
-    for (n, ack, _, _, sent) in &s.acks {
+    for (n, ack, _, _, sent) in acks {
         match by_offset.get(&ack.base_offset) {
             Some(b) if unstamped(&b.bytes) == unstamped(sent) => {}
             Some(_) => v.push(format!(
-                "LOST acknowledged append {n}: offset {} holds other bytes",
+                "LOST acknowledged append {n}{tag}: offset {} holds other bytes",
                 ack.base_offset
             )),
             None => v.push(format!(
-                "LOST acknowledged append {n}: nothing at offset {} (log ends at {expect})",
+                "LOST acknowledged append {n}{tag}: nothing at offset {} (log ends at {expect})",
                 ack.base_offset
             )),
         }
         if let Some(other) = seen_offsets.insert(ack.base_offset, *n) {
             v.push(format!(
-                "ORDER: appends {other} and {n} both acknowledged at offset {}",
+                "ORDER{tag}: appends {other} and {n} both acknowledged at offset {}",
                 ack.base_offset
             ));
         }
     }
     // Real-time order of acknowledgements.
-    for (n1, a1, _, done1, _) in &s.acks {
-        for (n2, a2, began2, _, _) in &s.acks {
+    for (n1, a1, _, done1, _) in acks {
+        for (n2, a2, began2, _, _) in acks {
             if done1 < began2 && a1.base_offset >= a2.base_offset {
                 v.push(format!(
-                    "ORDER: append {n1} acknowledged before append {n2} started, but offsets {} >= {}",
+                    "ORDER{tag}: append {n1} acknowledged before append {n2} started, but offsets {} >= {}",
                     a1.base_offset, a2.base_offset
                 ));
             }
         }
     }
     // Every read served only data that is in the final log.
-    for (node, b) in &s.reads {
+    for (node, b) in reads {
         match by_offset.get(&b.base_offset) {
             Some(f) if unstamped(&f.bytes) == unstamped(&b.bytes) => {}
             _ => v.push(format!(
-                "READ of data not in the final log: replica {node} served offset {}",
+                "READ of data not in the final log{tag}: replica {node} served offset {}",
                 b.base_offset
             )),
         }
     }
-    report.reads_checked = s.reads.len();
     // Convergence.
-    for r in world.up() {
+    for r in replicas {
         match r.read(0, usize::MAX) {
             Ok(batches) => {
                 let same = batches.len() == final_log.len()
@@ -97,32 +161,81 @@ pub(super) fn check(world: &World, leader: &ReplicatedPartition, report: &mut Si
                     });
                 if !same {
                     v.push(format!(
-                        "CONVERGENCE: replica {} holds {} committed batches, the leader {}",
+                        "CONVERGENCE{tag}: replica {} holds {} committed batches, the leader {}",
                         r.id(),
                         batches.len(),
                         final_log.len()
                     ));
                 }
             }
-            Err(e) => v.push(format!("replica {} read failed: {e}", r.id())),
+            Err(e) => v.push(format!("replica {}{tag} read failed: {e}", r.id())),
         }
     }
-    report.acknowledged = s.acks.len();
-    report.failed_appends = s.failed;
-    report.leaders = s.leaders.len();
-    let mut summary = String::new();
-    let _ = write!(
-        summary,
-        "check: {} acknowledged, {} failed, log end {expect}, {} leaders, {} reads, {} violations",
-        s.acks.len(),
-        s.failed,
-        s.leaders.len(),
-        s.reads.len(),
-        v.len() + s.violations.len()
-    );
-    let ms = world.start.elapsed().as_millis();
-    s.trace.push(format!("{ms:>6}ms {summary}"));
-    s.violations.extend(v);
-    report.trace = std::mem::take(&mut s.trace);
-    report.violations = std::mem::take(&mut s.violations);
+    GroupEnd {
+        end: expect,
+        high_watermark: hw,
+    }
+}
+
+/// Committed offsets: no acknowledged commit lost, and monotonic over the rebuilds (the last
+/// rebuild is the final one, after healing).
+fn check_offsets(off: &OffsetsShared, v: &mut Vec<String>) {
+    if off.undecodable > 0 {
+        v.push(format!(
+            "CORRUPT (offsets group): rebuilds met {} undecodable batches or records",
+            off.undecodable
+        ));
+    }
+    let Some(last) = off.rebuilds.last() else {
+        v.push("LIVENESS: no rebuild of the committed offsets".to_string());
+        return;
+    };
+    // No acknowledged commit lost: in the final rebuild, and in every rebuild that began
+    // after the acknowledgement.
+    for (key, offset, acked_at) in &off.commits {
+        let fin = last.values.get(key).copied().unwrap_or(-1);
+        if fin < *offset {
+            v.push(format!(
+                "LOST COMMIT: {key}={offset} was acknowledged, the final rebuild has {fin}"
+            ));
+        }
+        for r in off.rebuilds.iter().filter(|r| r.began >= *acked_at) {
+            let seen = r.values.get(key).copied().unwrap_or(-1);
+            if seen < *offset {
+                v.push(format!(
+                    "LOST COMMIT: {key}={offset} was acknowledged before rebuild {} (by replica {}, hw {}) began, which has {seen}",
+                    r.n, r.by, r.high_watermark
+                ));
+            }
+        }
+    }
+    // Monotonic, and never beyond what was submitted.
+    for (key, &submitted) in &off.submitted {
+        let mut prev: Option<(usize, i64)> = None;
+        for r in &off.rebuilds {
+            let seen = r.values.get(key).copied().unwrap_or(-1);
+            if seen > submitted {
+                v.push(format!(
+                    "MONOTONIC: rebuild {} saw {key}={seen}, above the highest submitted ({submitted})",
+                    r.n
+                ));
+            }
+            if let Some((pn, pv)) = prev {
+                if seen < pv {
+                    v.push(format!(
+                        "MONOTONIC: {key} went back from {pv} (rebuild {pn}) to {seen} (rebuild {} by replica {}, hw {})",
+                        r.n, r.by, r.high_watermark
+                    ));
+                }
+            }
+            prev = Some((r.n, seen));
+        }
+    }
+    for key in last.values.keys() {
+        if !off.submitted.contains_key(key) {
+            v.push(format!(
+                "MONOTONIC: the final rebuild has {key}, which was never submitted"
+            ));
+        }
+    }
 }

@@ -1,6 +1,8 @@
-//! Deterministic simulation of one replicated partition, with an invariant checker.
+//! Deterministic simulation of a three-broker cluster running two Raft groups, with an
+//! invariant checker.
 //!
-//! Three replicas run in one current-thread tokio runtime with paused (virtual) time; the
+//! Three brokers, each holding a replica of the data partition (group 0) and of the consumer
+//! offsets (group 1, `offsets.rs`), run in one current-thread tokio runtime with paused (virtual) time; the
 //! caller builds that runtime (`tokio::runtime::Builder::new_current_thread().enable_time()
 //! .start_paused(true)`) and runs [`run`] in it. Everything random comes from the seed: the
 //! fault schedule, message delays and losses, fsync latency, how much of an unsynced tail a
@@ -33,6 +35,14 @@
 //!   gap;
 //! * at most one leader per term (leader epoch);
 //! * convergence: every replica's committed log equals the leader's.
+//!
+//! The first five hold for both groups. A crash, power loss, restart or isolation hits a
+//! broker, so both of its replicas (each group has its own log and vote files on the broker's
+//! disk, with the same fsync latency). For the offsets group the checker also asserts:
+//! * no acknowledged commit lost: the final rebuild holds, per key, at least every
+//!   acknowledged offset, and so does every rebuild that began after the acknowledgement;
+//! * committed offsets monotonic: per key, the offsets successive rebuilds saw never
+//!   decrease, and never exceed the highest offset the consumer submitted.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -53,6 +63,7 @@ use crate::types::{seed_thread_rng, NodeId};
 mod batch;
 mod check;
 mod net;
+mod offsets;
 mod rot;
 
 pub use batch::build_batch;
@@ -63,6 +74,14 @@ use net::link;
 use rot::{RotHunt, RotKind};
 
 const NODES: [NodeId; 3] = [1, 2, 3];
+
+/// The Raft groups every broker holds a replica of: the data partition and the consumer
+/// offsets.
+const DATA: usize = 0;
+const OFFSETS: usize = 1;
+
+/// An acknowledged append: (number, ack, started at, acknowledged at, the batch sent).
+type Ack = (usize, AppendAck, Instant, Instant, Bytes);
 
 /// What one simulated run does.
 #[derive(Debug, Clone)]
@@ -84,6 +103,10 @@ pub struct SimOptions {
     /// Whether replicas enforce the repair guard. Off only to show what it prevents.
     #[doc(hidden)]
     pub repair_guard: bool,
+    /// Whether the offsets coordinator's rebuild reads past the high watermark (everything
+    /// its replica has written). On only to show the checker catches it.
+    #[doc(hidden)]
+    pub rebuild_past_high_watermark: bool,
 }
 
 impl SimOptions {
@@ -97,6 +120,7 @@ impl SimOptions {
             rot_percent: 35,
             aimed_rot_weight: 8,
             repair_guard: true,
+            rebuild_past_high_watermark: false,
         }
     }
 }
@@ -139,6 +163,13 @@ pub struct SimReport {
     /// Restarts that found damage and began a repair, and repairs seen to finish.
     pub repairs_started: usize,
     pub repairs_finished: usize,
+    /// The offsets group: commits acknowledged and failed (or of unknown outcome), rebuilds
+    /// of the committed offsets observed, leaders, and its final high watermark.
+    pub commits_acknowledged: usize,
+    pub failed_commits: usize,
+    pub rebuilds: usize,
+    pub offsets_leaders: usize,
+    pub offsets_high_watermark: i64,
 }
 
 impl SimReport {
@@ -162,6 +193,14 @@ impl SimReport {
     pub fn lost_acknowledged(&self) -> bool {
         self.violations.iter().any(|v| v.starts_with("LOST"))
     }
+
+    /// True when a violation says an acknowledged offset commit was lost or a rebuild saw
+    /// committed offsets move backwards (or beyond what was submitted).
+    pub fn offsets_violated(&self) -> bool {
+        self.violations
+            .iter()
+            .any(|v| v.starts_with("LOST COMMIT") || v.starts_with("MONOTONIC"))
+    }
 }
 
 struct Slot {
@@ -175,19 +214,31 @@ struct Slot {
     /// had applied.
     synced_at_crash: (usize, usize),
     applied_at_crash: Option<u64>,
+    /// The broker's replica of the offsets group.
+    offsets: Member,
+}
+
+/// A broker's replica of the offsets group and its files.
+struct Member {
+    log_disk: SimDisk,
+    vote_disk: SimDisk,
+    replica: Option<ReplicatedPartition>,
+    watcher: Option<JoinHandle<()>>,
 }
 
 #[derive(Default)]
 struct Shared {
     trace: Vec<String>,
     violations: Vec<String>,
-    /// term → the replica that was leader in it.
-    leaders: BTreeMap<u64, NodeId>,
+    /// Per group: term → the replica that was leader in it.
+    leaders: [BTreeMap<u64, NodeId>; 2],
     /// (append number, ack, started at, acknowledged at, the batch sent).
-    acks: Vec<(usize, AppendAck, Instant, Instant, Bytes)>,
+    acks: Vec<Ack>,
     failed: usize,
     /// (replica, batch) every read returned.
     reads: Vec<(NodeId, ReadBatch)>,
+    /// The offsets group's commits and rebuilds.
+    off: offsets::OffsetsShared,
 }
 
 struct World {
@@ -218,20 +269,94 @@ impl World {
         log_line(&self.shared, self.start, line);
     }
 
+    /// The data partition's replicas that are up.
     fn up(&self) -> Vec<ReplicatedPartition> {
+        self.up_in(DATA)
+    }
+
+    /// `group`'s replicas that are up.
+    fn up_in(&self, group: usize) -> Vec<ReplicatedPartition> {
         self.slots
             .values()
-            .filter_map(|s| s.replica.clone())
+            .filter_map(|s| {
+                if group == DATA {
+                    s.replica.clone()
+                } else {
+                    s.offsets.replica.clone()
+                }
+            })
             .collect()
     }
 
+    /// Starts broker `id`: its replica of each group.
     async fn start_node(&mut self, id: NodeId) {
+        self.start_data(id).await;
+        self.start_offsets(id).await;
+    }
+
+    /// Starts broker `id`'s replica of the offsets group (its files are never rotted).
+    async fn start_offsets(&mut self, id: NodeId) {
+        let config = raft_config(50, 150, 300);
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        let member = &mut slot.offsets;
+        let network = SimNetworkFactory {
+            group: OFFSETS,
+            from: id,
+            router: self.router.clone(),
+        };
+        let started = ReplicatedPartition::start_guarded(
+            id,
+            config,
+            Arc::new(member.log_disk.clone()),
+            Arc::new(member.vote_disk.clone()),
+            network,
+            self.opts.repair_guard,
+        )
+        .await;
+        let (replica, recovery) = match started {
+            Ok(r) => r,
+            Err(e) => {
+                lock(&self.shared)
+                    .violations
+                    .push(format!("offsets replica {id} failed to start: {e}"));
+                return;
+            }
+        };
+        self.router.lock().up.insert((OFFSETS, id), replica.clone());
+        lock(&self.shared)
+            .off
+            .disks
+            .insert(id, member.log_disk.clone());
+        member.watcher = Some(watch_leaders(
+            OFFSETS,
+            &replica,
+            Arc::clone(&self.shared),
+            self.start,
+        ));
+        member.replica = Some(replica);
+        self.log(format!(
+            "start offsets replica {id}: recovered {} entries, cut {} bytes{}",
+            recovery.entries,
+            recovery.cut_bytes,
+            if recovery.repairing() {
+                "; repairing"
+            } else {
+                ""
+            }
+        ));
+    }
+
+    /// Starts broker `id`'s replica of the data partition.
+    async fn start_data(&mut self, id: NodeId) {
         let config = raft_config(50, 150, 300);
         let Some(slot) = self.slots.get_mut(&id) else {
             return;
         };
         slot.restart_at = None;
         let network = SimNetworkFactory {
+            group: DATA,
             from: id,
             router: self.router.clone(),
         };
@@ -253,35 +378,13 @@ impl World {
                 return;
             }
         };
-        self.router.lock().up.insert(id, replica.clone());
-        let mut metrics = replica.raft().metrics();
-        let shared = Arc::clone(&self.shared);
-        let start = self.start;
-        slot.watcher = Some(tokio::spawn(async move {
-            loop {
-                let seen = {
-                    let m = metrics.borrow_and_update();
-                    (m.state == ServerState::Leader).then_some(m.current_term)
-                };
-                if let Some(term) = seen {
-                    let mut s = lock(&shared);
-                    match s.leaders.get(&term) {
-                        Some(&other) if other != id => s.violations.push(format!(
-                            "TWO LEADERS in term {term}: replicas {other} and {id}"
-                        )),
-                        Some(_) => {}
-                        None => {
-                            s.leaders.insert(term, id);
-                            drop(s);
-                            log_line(&shared, start, format!("replica {id} leads term {term}"));
-                        }
-                    }
-                }
-                if metrics.changed().await.is_err() {
-                    return;
-                }
-            }
-        }));
+        self.router.lock().up.insert((DATA, id), replica.clone());
+        slot.watcher = Some(watch_leaders(
+            DATA,
+            &replica,
+            Arc::clone(&self.shared),
+            self.start,
+        ));
         slot.replica = Some(replica);
         let mut line = format!(
             "start replica {id}: recovered {} entries, cut {} bytes",
@@ -454,22 +557,25 @@ impl World {
         ));
     }
 
-    /// Crashes replica `id` (if up); `why` goes into the trace.
+    /// Crashes broker `id` (if up), both of its replicas; `why` goes into the trace.
     fn crash_node(&mut self, id: NodeId, why: &str) {
         let Some(slot) = self.slots.get_mut(&id) else {
             return;
         };
-        let Some(replica) = slot.replica.take() else {
+        let replica = slot.replica.take();
+        let off_replica = slot.offsets.replica.take();
+        if replica.is_none() && off_replica.is_none() {
             return;
-        };
-        self.router.lock().up.remove(&id);
+        }
+        {
+            let mut net = self.router.lock();
+            net.up.remove(&(DATA, id));
+            net.up.remove(&(OFFSETS, id));
+        }
         slot.synced_at_crash = (slot.log_disk.synced_len(), slot.vote_disk.synced_len());
-        slot.applied_at_crash = replica
-            .raft()
-            .metrics()
-            .borrow()
-            .last_applied
-            .map(|l| l.index);
+        if let Some(r) = &replica {
+            slot.applied_at_crash = r.raft().metrics().borrow().last_applied.map(|l| l.index);
+        }
         let unsynced = slot.log_disk.unsynced_len();
         let vote_unsynced = slot.vote_disk.unsynced_len();
         let keep_log = self.rng.random_range(0..=unsynced);
@@ -477,13 +583,29 @@ impl World {
         let vote = slot.vote_disk.crash_counting(|_| 0);
         slot.log_disk = log.disk;
         slot.vote_disk = vote.disk;
-        if let Some(w) = slot.watcher.take() {
+        let off = &mut slot.offsets;
+        let off_unsynced = off.log_disk.unsynced_len();
+        let off_vote_unsynced = off.vote_disk.unsynced_len();
+        let keep_off = self.rng.random_range(0..=off_unsynced);
+        let off_log = off.log_disk.crash_counting(|_| keep_off);
+        let off_vote = off.vote_disk.crash_counting(|_| 0);
+        off.log_disk = off_log.disk;
+        off.vote_disk = off_vote.disk;
+        for w in [slot.watcher.take(), off.watcher.take()]
+            .into_iter()
+            .flatten()
+        {
             w.abort();
         }
         let now = self.start.elapsed().as_millis() as u64;
         slot.restart_at = Some(now + self.rng.random_range(100..1500));
-        tokio::spawn(async move { replica.shutdown().await });
-        let dropped = log.dropped_bytes + vote.dropped_bytes;
+        tokio::spawn(async move {
+            for r in [replica, off_replica].into_iter().flatten() {
+                r.shutdown().await;
+            }
+        });
+        let dropped =
+            log.dropped_bytes + vote.dropped_bytes + off_log.dropped_bytes + off_vote.dropped_bytes;
         self.report.crashes += 1;
         if dropped > 0 {
             self.report.crashes_losing_unsynced += 1;
@@ -491,17 +613,22 @@ impl World {
         }
         self.log(format!(
             "crash replica {id} ({why}): {unsynced} unsynced log bytes, {keep_log} of them \
-             survive; {vote_unsynced} unsynced vote bytes dropped"
+             survive; {vote_unsynced} unsynced vote bytes dropped; offsets: {off_unsynced} \
+             unsynced log bytes, {keep_off} survive, {off_vote_unsynced} unsynced vote bytes \
+             dropped"
         ));
     }
 
-    /// Up replicas holding written but unsynced bytes, in either file.
+    /// Up brokers holding written but unsynced bytes, in any file of either group.
     fn in_flight(&self) -> Vec<NodeId> {
         self.slots
             .iter()
             .filter(|(_, s)| {
                 s.replica.is_some()
-                    && (s.log_disk.unsynced_len() > 0 || s.vote_disk.unsynced_len() > 0)
+                    && (s.log_disk.unsynced_len() > 0
+                        || s.vote_disk.unsynced_len() > 0
+                        || s.offsets.log_disk.unsynced_len() > 0
+                        || s.offsets.vote_disk.unsynced_len() > 0)
             })
             .map(|(&id, _)| id)
             .collect()
@@ -518,6 +645,13 @@ impl World {
         if let Some(slot) = self.slots.get(&id) {
             slot.log_disk.stall_next_sync(Duration::from_millis(log_ms));
             slot.vote_disk
+                .stall_next_sync(Duration::from_millis(vote_ms));
+            // The broker's offsets files sit on the same disk.
+            slot.offsets
+                .log_disk
+                .stall_next_sync(Duration::from_millis(log_ms));
+            slot.offsets
+                .vote_disk
                 .stall_next_sync(Duration::from_millis(vote_ms));
         }
     }
@@ -537,6 +671,52 @@ impl World {
             .map(|(&id, _)| id)
             .collect()
     }
+}
+
+/// Watches `replica`'s metrics and records who leads each term of `group`, reporting a
+/// second leader in a term.
+fn watch_leaders(
+    group: usize,
+    replica: &ReplicatedPartition,
+    shared: Arc<Mutex<Shared>>,
+    start: Instant,
+) -> JoinHandle<()> {
+    let id = replica.id();
+    let mut metrics = replica.raft().metrics();
+    let (name, of_group) = if group == DATA {
+        ("", "")
+    } else {
+        ("offsets ", " of the offsets group")
+    };
+    tokio::spawn(async move {
+        loop {
+            let seen = {
+                let m = metrics.borrow_and_update();
+                (m.state == ServerState::Leader).then_some(m.current_term)
+            };
+            if let Some(term) = seen {
+                let mut s = lock(&shared);
+                match s.leaders[group].get(&term) {
+                    Some(&other) if other != id => s.violations.push(format!(
+                        "TWO LEADERS in term {term}{of_group}: replicas {other} and {id}"
+                    )),
+                    Some(_) => {}
+                    None => {
+                        s.leaders[group].insert(term, id);
+                        drop(s);
+                        log_line(
+                            &shared,
+                            start,
+                            format!("{name}replica {id} leads term {term}"),
+                        );
+                    }
+                }
+            }
+            if metrics.changed().await.is_err() {
+                return;
+            }
+        }
+    })
 }
 
 /// A crash (of `target`) or a power loss (`None`) waiting for a write in flight, until the
@@ -623,6 +803,41 @@ async fn client_append(
     }
 }
 
+/// Commits a marker entry in `group` through its leader, retrying for up to 10 s; returns the
+/// leader that committed it.
+async fn commit_marker(world: &World, group: usize) -> Option<ReplicatedPartition> {
+    let name = if group == DATA { "" } else { "offsets " };
+    for attempt in 0..100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let Some(l) = leader_of(&world.up_in(group)) else {
+            continue;
+        };
+        let marker = if group == DATA {
+            Bytes::from(build_batch(&[b"final marker".to_vec()], -1))
+        } else {
+            offsets::commit_batch(offsets::MARKER_KEY, -1)
+        };
+        if let Ok(Ok(ack)) =
+            tokio::time::timeout(Duration::from_secs(2), l.append(marker.clone())).await
+        {
+            world.log(format!(
+                "{name}final marker committed at {} by replica {} (attempt {attempt})",
+                ack.base_offset,
+                l.id()
+            ));
+            let entry = (usize::MAX, ack, Instant::now(), Instant::now(), marker);
+            let mut s = lock(&world.shared);
+            if group == DATA {
+                s.acks.push(entry);
+            } else {
+                s.off.acks.push(entry);
+            }
+            return Some(l);
+        }
+    }
+    None
+}
+
 /// Runs one seeded simulation and checks the invariants. Must run inside a current-thread
 /// tokio runtime with paused time (see the module docs).
 pub async fn run(opts: SimOptions) -> SimReport {
@@ -642,6 +857,12 @@ pub async fn run(opts: SimOptions) -> SimReport {
                 restart_at: None,
                 synced_at_crash: (0, 0),
                 applied_at_crash: None,
+                offsets: Member {
+                    log_disk: SimDisk::new(sync_delay, opts.sync),
+                    vote_disk: SimDisk::new(sync_delay, opts.sync),
+                    replica: None,
+                    watcher: None,
+                },
             },
         );
     }
@@ -669,6 +890,37 @@ pub async fn run(opts: SimOptions) -> SimReport {
                 .push(format!("initialize failed: {e}"));
         }
     }
+    if let Some(first) = world.slots.get(&1).and_then(|s| s.offsets.replica.clone()) {
+        if let Err(e) = first.initialize(NODES.into_iter().collect()).await {
+            lock(&world.shared)
+                .violations
+                .push(format!("offsets initialize failed: {e}"));
+        }
+    }
+
+    // The offsets group's consumer (one task per key) and coordinator, over the fault phase.
+    let until = world.start + Duration::from_millis(opts.fault_ms);
+    let mut offsets_tasks = Vec::new();
+    for key in offsets::KEYS {
+        let seed = world.rng.random();
+        offsets_tasks.push(tokio::spawn(offsets::consumer(
+            key,
+            world.router.clone(),
+            Arc::clone(&world.shared),
+            world.start,
+            until,
+            seed,
+        )));
+    }
+    let seed = world.rng.random();
+    offsets_tasks.push(tokio::spawn(offsets::coordinator(
+        world.router.clone(),
+        Arc::clone(&world.shared),
+        world.start,
+        until,
+        seed,
+        opts.rebuild_past_high_watermark,
+    )));
 
     // The client: appends spread over the fault phase, each on its own task.
     let mut client_plan = Vec::new();
@@ -864,53 +1116,57 @@ pub async fn run(opts: SimOptions) -> SimReport {
     for id in world.down() {
         world.start_node(id).await;
     }
-    for t in client_tasks {
+    for t in client_tasks.into_iter().chain(offsets_tasks) {
         let _ = t.await;
     }
 
-    // Converge: a leader commits one more entry in its term (so everything before it is
-    // committed), then every replica's high watermark reaches the leader's.
-    let mut leader = None;
-    for attempt in 0..100 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let up = world.up();
-        if let Some(l) = leader_of(&up) {
-            let marker = Bytes::from(build_batch(&[b"final marker".to_vec()], -1));
-            if let Ok(Ok(ack)) =
-                tokio::time::timeout(Duration::from_secs(2), l.append(marker.clone())).await
-            {
-                world.log(format!(
-                    "final marker committed at {} by replica {} (attempt {attempt})",
-                    ack.base_offset,
-                    l.id()
-                ));
-                lock(&world.shared).acks.push((
-                    usize::MAX,
-                    ack,
-                    Instant::now(),
-                    Instant::now(),
-                    marker,
-                ));
-                leader = Some(l);
-                break;
-            }
-        }
-    }
+    // Converge: in each group, a leader commits one more entry in its term (so everything
+    // before it is committed), then every replica's high watermark reaches the leader's.
+    let leader = commit_marker(&world, DATA).await;
+    let off_leader = commit_marker(&world, OFFSETS).await;
     let mut report = std::mem::take(&mut world.report);
-    let Some(leader) = leader else {
+    let (Some(leader), Some(off_leader)) = (leader, off_leader) else {
         let mut s = lock(&world.shared);
-        s.violations
-            .push("LIVENESS: no leader committed an entry within 10 s after healing".to_string());
+        s.violations.push(
+            "LIVENESS: no leader committed an entry within 10 s after healing (in one of the groups)"
+                .to_string(),
+        );
         report.trace = std::mem::take(&mut s.trace);
         report.violations = std::mem::take(&mut s.violations);
         return report;
     };
     let target_hw = leader.high_watermark();
+    let off_target_hw = off_leader.high_watermark();
     for _ in 0..100 {
-        if world.up().iter().all(|r| r.high_watermark() >= target_hw) {
+        if world.up().iter().all(|r| r.high_watermark() >= target_hw)
+            && world
+                .up_in(OFFSETS)
+                .iter()
+                .all(|r| r.high_watermark() >= off_target_hw)
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The last coordinator: a rebuild on the offsets leader, everything healed.
+    let began = Instant::now();
+    let ready = tokio::time::timeout(
+        Duration::from_secs(2),
+        off_leader.raft().ensure_linearizable(),
+    )
+    .await;
+    if matches!(ready, Ok(Ok(_))) {
+        offsets::record_rebuild(
+            &off_leader,
+            &world.shared,
+            world.start,
+            began,
+            opts.rebuild_past_high_watermark,
+        );
+    } else {
+        lock(&world.shared).violations.push(
+            "LIVENESS: the final offsets rebuild could not ensure linearizability".to_string(),
+        );
     }
 
     world.note_repairs();
@@ -922,7 +1178,7 @@ pub async fn run(opts: SimOptions) -> SimReport {
     // The report was taken before the convergence wait; repairs seen since count too.
     report.repairs_started += world.report.repairs_started;
     report.repairs_finished += world.report.repairs_finished;
-    check(&world, &leader, &mut report);
+    check(&world, &leader, &off_leader, &mut report);
     for id in NODES {
         world.crash_node(id, "end of run");
     }

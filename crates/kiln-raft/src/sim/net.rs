@@ -1,4 +1,7 @@
 //! The simulated network: seeded delays and losses, cut links, replicas up or down.
+//!
+//! Every broker holds one replica of each Raft group (the data partition, group 0, and the
+//! consumer offsets, group 1); both share the broker's links, so a cut or a crash hits both.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -18,7 +21,8 @@ use crate::partition::ReplicatedPartition;
 use crate::types::{KilnRaft, NodeId};
 
 pub(super) struct NetState {
-    pub(super) up: BTreeMap<NodeId, ReplicatedPartition>,
+    /// (group, broker) → the replica of that group the broker runs, while it is up.
+    pub(super) up: BTreeMap<(usize, NodeId), ReplicatedPartition>,
     /// Cut links, stored as (low, high).
     pub(super) cut: BTreeSet<(NodeId, NodeId)>,
     rng: StdRng,
@@ -61,8 +65,19 @@ impl SimRouter {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// One network hop: a seeded delay, then whether it arrived (link up, not lost).
-    async fn hop(&self, from: NodeId, to: NodeId) -> bool {
+    /// The replicas of `group` that are up, in broker order.
+    pub(super) fn replicas(&self, group: usize) -> Vec<ReplicatedPartition> {
+        self.lock()
+            .up
+            .iter()
+            .filter(|((g, _), _)| *g == group)
+            .map(|(_, r)| r.clone())
+            .collect()
+    }
+
+    /// One network hop of `group`: a seeded delay, then whether it arrived (link up, not
+    /// lost).
+    async fn hop(&self, group: usize, from: NodeId, to: NodeId) -> bool {
         let (delay, lost) = {
             let mut s = self.lock();
             let max = s.delay_max_ms;
@@ -75,31 +90,33 @@ impl SimRouter {
         let s = self.lock();
         !lost
             && !s.cut.contains(&link(from, to))
-            && s.up.contains_key(&to)
-            && s.up.contains_key(&from)
+            && s.up.contains_key(&(group, to))
+            && s.up.contains_key(&(group, from))
     }
 
     async fn deliver<E: std::error::Error>(
         &self,
+        group: usize,
         from: NodeId,
         to: NodeId,
     ) -> Result<ReplicatedPartition, RPCError<NodeId, EmptyNode, E>> {
-        if !self.hop(from, to).await {
+        if !self.hop(group, from, to).await {
             return Err(unreachable("request lost"));
         }
         self.lock()
             .up
-            .get(&to)
+            .get(&(group, to))
             .cloned()
             .ok_or_else(|| unreachable("target down"))
     }
 
     async fn respond<E: std::error::Error>(
         &self,
+        group: usize,
         from: NodeId,
         to: NodeId,
     ) -> Result<(), RPCError<NodeId, EmptyNode, E>> {
-        if self.hop(to, from).await {
+        if self.hop(group, to, from).await {
             Ok(())
         } else {
             Err(unreachable("response lost"))
@@ -109,12 +126,14 @@ impl SimRouter {
 
 /// openraft's network factory over [`SimRouter`].
 pub struct SimNetworkFactory {
+    pub(super) group: usize,
     pub(super) from: NodeId,
     pub(super) router: SimRouter,
 }
 
-/// One replica's connection to another, over [`SimRouter`].
+/// One replica's connection to another of its group, over [`SimRouter`].
 pub struct SimLink {
+    group: usize,
     from: NodeId,
     to: NodeId,
     router: SimRouter,
@@ -125,6 +144,7 @@ impl RaftNetworkFactory<KilnRaft> for SimNetworkFactory {
 
     async fn new_client(&mut self, target: NodeId, _node: &EmptyNode) -> SimLink {
         SimLink {
+            group: self.group,
             from: self.from,
             to: target,
             router: self.router.clone(),
@@ -138,13 +158,13 @@ impl RaftNetwork<KilnRaft> for SimLink {
         rpc: AppendEntriesRequest<KilnRaft>,
         _option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, EmptyNode, RaftError<NodeId>>> {
-        let target = self.router.deliver(self.from, self.to).await?;
+        let target = self.router.deliver(self.group, self.from, self.to).await?;
         let resp = target
             .raft()
             .append_entries(rpc)
             .await
             .map_err(|_| unreachable("target stopped"))?;
-        self.router.respond(self.from, self.to).await?;
+        self.router.respond(self.group, self.from, self.to).await?;
         Ok(resp)
     }
 
@@ -165,7 +185,7 @@ impl RaftNetwork<KilnRaft> for SimLink {
         rpc: VoteRequest<NodeId>,
         _option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, EmptyNode, RaftError<NodeId>>> {
-        let target = self.router.deliver(self.from, self.to).await?;
+        let target = self.router.deliver(self.group, self.from, self.to).await?;
         // As `net::serve` does: a replica repairing damaged files grants no votes.
         if target.repairing() {
             return Err(unreachable("target is repairing"));
@@ -175,7 +195,7 @@ impl RaftNetwork<KilnRaft> for SimLink {
             .vote(rpc)
             .await
             .map_err(|_| unreachable("target stopped"))?;
-        self.router.respond(self.from, self.to).await?;
+        self.router.respond(self.group, self.from, self.to).await?;
         Ok(resp)
     }
 
