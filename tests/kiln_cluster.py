@@ -23,6 +23,7 @@ rdk_consumer, read_partition, watermarks) take a Cluster too.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -116,9 +117,11 @@ class Cluster:
     """CLUSTER_SIZE brokers with node ids 1..N; `nodes[id]` is a kiln_testlib.Broker."""
 
     def __init__(self, root: Path, size: int = CLUSTER_SIZE, settings: dict | None = None,
-                 cluster_settings: dict | None = None):
+                 cluster_settings: dict | None = None, metrics: bool = False):
         """`settings`: extra top-level broker settings (TOML scalars) for every node;
-        `cluster_settings`: extra or overriding keys of the [cluster] section."""
+        `cluster_settings`: extra or overriding keys of the [cluster] section; `metrics`:
+        each node serves GET /metrics on its own free loopback port (`metrics_port`,
+        `scrape`) instead of none."""
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.size = size
@@ -131,13 +134,14 @@ class Cluster:
         }
         self.cluster_settings.update(cluster_settings or {})
         ports: list[int] = []
-        while len(ports) < 2 * size:
+        while len(ports) < (3 if metrics else 2) * size:
             p = free_port()
             if p not in ports:
                 ports.append(p)
         self.ids = list(range(1, size + 1))
         self.kafka_port = {i: ports[2 * (i - 1)] for i in self.ids}
         self.raft_port = {i: ports[2 * (i - 1) + 1] for i in self.ids}
+        self.metrics_port = {i: ports[2 * size + i - 1] for i in self.ids} if metrics else {}
         self.nodes: dict[int, Broker] = {}
         for i in self.ids:
             data_dir = root / f"b{i}"
@@ -163,7 +167,8 @@ class Cluster:
             f"node_id = {node_id}",
             f"listen = {toml(f'127.0.0.1:{self.kafka_port[node_id]}')}",
             f"data_dir = {toml(data_dir)}",
-            'metrics_listen = "off"',
+            f"metrics_listen = {toml(f'127.0.0.1:{self.metrics_port[node_id]}')}"
+            if node_id in self.metrics_port else 'metrics_listen = "off"',
         ]
         lines += [f"{k} = {toml(v)}" for k, v in self.settings.items()]
         lines += ["", "[cluster]", f"raft_listen = {toml(f'127.0.0.1:{self.raft_port[node_id]}')}"]
@@ -266,6 +271,46 @@ class Cluster:
             except (OSError, ValueError, AssertionError, kr.ConnectionClosed) as e:
                 self.last_views[i] = f"no answer: {e!r}"
         return out
+
+    def scrape(self, node_id: int, timeout_s: float = ASK_TIMEOUT_S) -> dict[tuple, float]:
+        """One node's GET /metrics (needs `metrics=True`), parsed with prometheus_client:
+        {(sample name, ((label, value), ...) sorted): value}. Raises OSError when the node
+        does not answer."""
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        url = f"http://127.0.0.1:{self.metrics_port[node_id]}/metrics"
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            text = r.read().decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    def high_watermark(self, node_id: int, topic: str, partition: int) -> int | None:
+        """`kiln_log_high_watermark` of one node's replica of topic/partition (its applied
+        position as a Kafka offset); None when the node does not answer or holds none."""
+        try:
+            v = self.scrape(node_id).get(("kiln_log_high_watermark",
+                                          (("partition", str(partition)), ("topic", topic))))
+        except (OSError, ValueError):
+            return None
+        return None if v is None else int(v)
+
+    def topic_id(self, topic: str, node_id: int | None = None) -> str:
+        """The topic's id (the directory under `data_dir/replicas/` that holds its
+        partitions), from the last "topic created" line a node logged for that name (a topic
+        deleted and created again has a new id)."""
+        pattern = re.compile(r"topic created topic=(\S+) id=(\S+)")
+        for i in [node_id] if node_id is not None else self.ids:
+            ids = [m.group(2) for m in pattern.finditer(self.nodes[i].log_text())
+                   if m.group(1) == topic]
+            if ids:
+                return ids[-1]
+        raise AssertionError(f"no node logged the creation of topic {topic}\n{self.log_tail()}")
+
+    def replica_dir(self, node_id: int, topic: str, partition: int) -> Path:
+        """Where a node keeps its replica of topic/partition (`raft.log`, `vote`)."""
+        return self.nodes[node_id].data_dir / "replicas" / self.topic_id(topic) / str(partition)
 
     def epoch_conflicts(self) -> dict[tuple[str, int, int], set[int]]:
         """(topic, partition, epoch) -> leaders, for every epoch some two brokers disagreed on."""

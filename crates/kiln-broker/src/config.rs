@@ -113,7 +113,7 @@ impl Default for ClusterSettings {
             election_timeout_min_ms: 300,
             election_timeout_max_ms: 600,
             rpc_timeout_ms: 2_000,
-            max_entry_bytes: 256 << 10,
+            max_entry_bytes: 1 << 20,
         }
     }
 }

@@ -59,11 +59,18 @@ async fn break_split_votes(raft: &Raft, pause_max: Duration) {
         match stood_in {
             Some(t) if term > t => {
                 // Standing again with no leader since the last try: that one failed. Wait a
-                // random while before the next, so the other candidate's comes first.
-                let pause = Duration::from_millis(ThreadRng.next_u64() % (pause_max_ms + 1));
+                // random while (up to twice the longest election timeout, so the pause, not
+                // openraft's fixed per-node timer, decides who goes first), then stand at once
+                // if still nobody leads: the candidate with the shorter pause asks first, and
+                // the other, paused, grants its vote.
+                let pause = Duration::from_millis(ThreadRng.next_u64() % (2 * pause_max_ms + 1));
                 raft.runtime_config().elect(false);
                 tokio::time::sleep(pause).await;
                 raft.runtime_config().elect(true);
+                let leaderless = raft.metrics().borrow().current_leader.is_none();
+                if leaderless {
+                    let _ = raft.trigger().elect().await;
+                }
                 stood_in = Some(metrics.borrow_and_update().current_term);
             }
             Some(_) => {}

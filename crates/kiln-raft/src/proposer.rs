@@ -13,11 +13,17 @@
 
 use bytes::{Bytes, BytesMut};
 use openraft::error::ClientWriteError;
-use tokio::sync::{mpsc, oneshot};
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::partition::{AppendAck, PartitionError, ReplicatedPartition};
 use crate::record::record_count;
 use crate::types::Batches;
+
+/// Entries proposed and not yet committed, per partition. Two keep the leader's log busy
+/// (one being fsynced and replicated, the next one waiting) while the rest queue up here.
+const ENTRIES_IN_FLIGHT: usize = 4;
 
 /// What a submitted append resolves to.
 pub type AppendReceiver = oneshot::Receiver<Result<AppendAck, PartitionError>>;
@@ -75,7 +81,14 @@ async fn run(
     mut rx: mpsc::UnboundedReceiver<Proposal>,
     max_entry_bytes: usize,
 ) {
+    let slots = Arc::new(Semaphore::new(ENTRIES_IN_FLIGHT));
     while let Some(first) = rx.recv().await {
+        // openraft 0.9 appends and fsyncs one client write at a time. Proposing every request
+        // at once would give each its own entry and its own fsync; waiting for a free slot
+        // lets the requests that arrive meanwhile join the next entry (group commit).
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+            return;
+        };
         let mut size = first.batches.len();
         let mut group = vec![first];
         // Join what is already queued, in order, up to the entry size bound.
@@ -101,6 +114,7 @@ async fn run(
         // log in the order of this loop; only the wait for the commit runs concurrently.
         match partition.raft().client_write_ff(Batches(payload)).await {
             Err(fatal) => {
+                drop(slot);
                 let reason = fatal.to_string();
                 for p in group {
                     let _ = p.reply.send(Err(PartitionError::Stopped(reason.clone())));
@@ -108,7 +122,9 @@ async fn run(
             }
             Ok(committed) => {
                 tokio::spawn(async move {
-                    let outcome = match committed.await {
+                    let outcome = committed.await;
+                    drop(slot);
+                    let outcome = match outcome {
                         Ok(Ok(resp)) => Ok(resp.data),
                         Ok(Err(ClientWriteError::ForwardToLeader(f))) => {
                             Err(PartitionError::NotLeader {

@@ -43,6 +43,11 @@ impl Replica {
     pub fn leader(&self) -> (i32, u64) {
         let (leader, term) = self.partition.leader_and_term();
         let leader = leader.and_then(|l| i32::try_from(l).ok()).unwrap_or(-1);
+        // A leader whose disk is full is stuck in a write and will be replaced; naming it
+        // would keep clients asking it (its own view of the term does not move meanwhile).
+        if leader == self.node_id && self.partition.disk_full() {
+            return (-1, term);
+        }
         if leader >= 0 && leader != self.node_id {
             let heard = self.last_heard_ms.load(Ordering::Relaxed);
             let now = self.elapsed_ms();
