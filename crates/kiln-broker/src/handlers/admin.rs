@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::create_topics_response::{
     CreatableTopicConfigs, CreatableTopicResult,
 };
@@ -43,7 +44,7 @@ pub fn create_topics(broker: &Arc<Broker>, request: CreateTopicsRequest, version
 
 fn create_one(
     broker: &Broker,
-    topic: kafka_protocol::messages::create_topics_request::CreatableTopic,
+    topic: CreatableTopic,
     validate_only: bool,
     version: i16,
 ) -> CreatableTopicResult {
@@ -55,7 +56,11 @@ fn create_one(
             .with_error_code(code.code())
             .with_error_message(Some(StrBytes::from_string(message)))
     };
-    if !matches!(topic.replication_factor, -1 | 1) {
+    let spec = match parse_create(&topic, broker.config.default_partitions) {
+        Ok(spec) => spec,
+        Err((code, message)) => return fail(code, message),
+    };
+    if !matches!(spec.replication_factor, None | Some(1)) {
         return fail(
             ResponseError::InvalidReplicationFactor,
             format!(
@@ -64,38 +69,7 @@ fn create_one(
             ),
         );
     }
-    if !topic.assignments.is_empty() {
-        return fail(
-            ResponseError::InvalidRequest,
-            "manual replica assignments are not supported".into(),
-        );
-    }
-    let partitions = if topic.num_partitions == -1 {
-        broker.config.default_partitions
-    } else {
-        match u32::try_from(topic.num_partitions) {
-            Ok(n) => n,
-            Err(_) => {
-                return fail(
-                    ResponseError::InvalidPartitions,
-                    format!(
-                        "partition count {} must be at least 1",
-                        topic.num_partitions
-                    ),
-                )
-            }
-        }
-    };
-    let mut overrides = BTreeMap::new();
-    for c in &topic.configs {
-        let Some(value) = &c.value else {
-            return fail(
-                ResponseError::InvalidConfig,
-                format!("config {} has no value", c.name.as_str()),
-            );
-        };
-        overrides.insert(c.name.to_string(), value.to_string());
-    }
+    let (partitions, overrides) = (spec.partitions, spec.overrides);
     let outcome = if validate_only {
         broker
             .catalog
@@ -130,6 +104,66 @@ fn create_one(
         }
         Err(e) => fail(catalog_error_code(&e), e.to_string()),
     }
+}
+
+/// A CreateTopics entry, checked: what standalone and cluster mode both need from it.
+pub(crate) struct CreateSpec {
+    pub partitions: u32,
+    /// `None`: the broker's default (-1 in the request).
+    pub replication_factor: Option<u16>,
+    pub overrides: BTreeMap<String, String>,
+}
+
+/// Checks the parts of a CreateTopics entry that do not depend on the catalog: no manual
+/// assignments, a partition count (-1 = `default_partitions`), a replication factor, and a value
+/// for every config.
+pub(crate) fn parse_create(
+    topic: &CreatableTopic,
+    default_partitions: u32,
+) -> Result<CreateSpec, (ResponseError, String)> {
+    if !topic.assignments.is_empty() {
+        return Err((
+            ResponseError::InvalidRequest,
+            "manual replica assignments are not supported".into(),
+        ));
+    }
+    let replication_factor = match topic.replication_factor {
+        -1 => None,
+        rf => Some(u16::try_from(rf).ok().filter(|rf| *rf > 0).ok_or_else(|| {
+            (
+                ResponseError::InvalidReplicationFactor,
+                format!("replication factor {rf} must be at least 1"),
+            )
+        })?),
+    };
+    let partitions = if topic.num_partitions == -1 {
+        default_partitions
+    } else {
+        u32::try_from(topic.num_partitions).map_err(|_| {
+            (
+                ResponseError::InvalidPartitions,
+                format!(
+                    "partition count {} must be at least 1",
+                    topic.num_partitions
+                ),
+            )
+        })?
+    };
+    let mut overrides = BTreeMap::new();
+    for c in &topic.configs {
+        let Some(value) = &c.value else {
+            return Err((
+                ResponseError::InvalidConfig,
+                format!("config {} has no value", c.name.as_str()),
+            ));
+        };
+        overrides.insert(c.name.to_string(), value.to_string());
+    }
+    Ok(CreateSpec {
+        partitions,
+        replication_factor,
+        overrides,
+    })
 }
 
 pub fn delete_topics(broker: &Arc<Broker>, request: DeleteTopicsRequest) -> Reply {

@@ -42,15 +42,28 @@ fn count_traffic(broker: &Broker, response: &FetchResponse) {
 }
 
 async fn long_poll(broker: &Broker, request: &FetchRequest) -> FetchResponse {
-    let wait_ms = u64::try_from(request.max_wait_ms)
-        .unwrap_or(0)
-        .min(broker.config.fetch_max_wait_ms_cap);
+    wait_for_data(request, broker.config.fetch_max_wait_ms_cap, |watchers| {
+        read_once(broker, request, watchers)
+    })
+    .await
+}
+
+/// The long poll shared by standalone and cluster mode: `read` reads every requested partition
+/// once and returns (response, record bytes, whether any partition failed), pushing a watcher
+/// of each partition's high watermark; an answer goes back once `min_bytes` are there, on an
+/// error, or at the deadline (the request's wait, capped at `cap_ms`).
+pub(crate) async fn wait_for_data(
+    request: &FetchRequest,
+    cap_ms: u64,
+    mut read: impl FnMut(&mut Vec<watch::Receiver<i64>>) -> (FetchResponse, usize, bool),
+) -> FetchResponse {
+    let wait_ms = u64::try_from(request.max_wait_ms).unwrap_or(0).min(cap_ms);
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
     let min_bytes = usize::try_from(request.min_bytes).unwrap_or(0);
     loop {
         // Subscribe before reading so an fsync landing between the read and the wait still wakes us.
         let mut watchers = Vec::new();
-        let (response, bytes, had_error) = read_once(broker, request, &mut watchers);
+        let (response, bytes, had_error) = read(&mut watchers);
         let expired = tokio::time::Instant::now() >= deadline;
         if bytes >= min_bytes || had_error || expired || watchers.is_empty() {
             return response;
@@ -62,7 +75,7 @@ async fn long_poll(broker: &Broker, request: &FetchRequest) -> FetchResponse {
         );
         if tokio::time::timeout_at(deadline, changed).await.is_err() {
             // Timed out: answer with whatever is there now (usually nothing).
-            let (response, _, _) = read_once(broker, request, &mut Vec::new());
+            let (response, _, _) = read(&mut Vec::new());
             return response;
         }
     }

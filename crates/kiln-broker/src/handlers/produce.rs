@@ -58,16 +58,8 @@ pub fn handle(broker: &Arc<Broker>, request: ProduceRequest) -> Reply {
                 ));
                 continue;
             };
-            if let Some(too_big) = batch::batches(&records)
-                .filter_map(Result::ok)
-                .map(|b| b.bytes.len())
-                .find(|&len| len > max_batch_bytes)
-            {
-                partitions.push(error(
-                    response,
-                    ResponseError::MessageTooLarge,
-                    format!("record batch of {too_big} bytes exceeds max.message.bytes {max_batch_bytes}"),
-                ));
+            if let Some(message) = oversized(&records, max_batch_bytes) {
+                partitions.push(error(response, ResponseError::MessageTooLarge, message));
                 continue;
             }
             match log.append(&records, now) {
@@ -147,7 +139,18 @@ async fn wait_durable(
     ResponseKind::Produce(response)
 }
 
-fn error(
+/// The refusal for a request holding a batch over `max_batch_bytes` (max.message.bytes).
+pub(crate) fn oversized(records: &[u8], max_batch_bytes: usize) -> Option<String> {
+    batch::batches(records)
+        .filter_map(Result::ok)
+        .map(|b| b.bytes.len())
+        .find(|&len| len > max_batch_bytes)
+        .map(|too_big| {
+            format!("record batch of {too_big} bytes exceeds max.message.bytes {max_batch_bytes}")
+        })
+}
+
+pub(crate) fn error(
     response: PartitionProduceResponse,
     code: ResponseError,
     message: String,

@@ -1,7 +1,6 @@
 //! CreateTopics and DeleteTopics in cluster mode: proposed to the metadata log by the
 //! controller; other brokers answer NOT_CONTROLLER and clients retry at the controller.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
@@ -60,50 +59,12 @@ async fn create_one(
             .with_error_code(code.code())
             .with_error_message(Some(StrBytes::from_string(message)))
     };
-    if !topic.assignments.is_empty() {
-        return fail(
-            ResponseError::InvalidRequest,
-            "manual replica assignments are not supported".into(),
-        );
-    }
-    let replication_factor = match topic.replication_factor {
-        -1 => None,
-        rf => match u16::try_from(rf) {
-            Ok(rf) => Some(rf),
-            Err(_) => {
-                return fail(
-                    ResponseError::InvalidReplicationFactor,
-                    format!("replication factor {rf} must be at least 1"),
-                )
-            }
-        },
+    let spec = match crate::handlers::admin::parse_create(&topic, default_partitions) {
+        Ok(spec) => spec,
+        Err((code, message)) => return fail(code, message),
     };
-    let partitions = if topic.num_partitions == -1 {
-        default_partitions
-    } else {
-        match u32::try_from(topic.num_partitions) {
-            Ok(n) => n,
-            Err(_) => {
-                return fail(
-                    ResponseError::InvalidPartitions,
-                    format!(
-                        "partition count {} must be at least 1",
-                        topic.num_partitions
-                    ),
-                )
-            }
-        }
-    };
-    let mut overrides = BTreeMap::new();
-    for c in &topic.configs {
-        let Some(value) = &c.value else {
-            return fail(
-                ResponseError::InvalidConfig,
-                format!("config {} has no value", c.name.as_str()),
-            );
-        };
-        overrides.insert(c.name.to_string(), value.to_string());
-    }
+    let (partitions, replication_factor, overrides) =
+        (spec.partitions, spec.replication_factor, spec.overrides);
     let outcome = cluster
         .create_topic(
             topic.name.as_str(),

@@ -2,10 +2,8 @@
 //! (the Raft commit point translated to an offset), with the same long poll as standalone.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::BytesMut;
-use futures_util::future::select_all;
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::{FetchRequest, FetchResponse, ResponseKind};
 use kafka_protocol::ResponseError;
@@ -36,26 +34,10 @@ pub fn handle(cluster: &Arc<Cluster>, cap_ms: u64, request: FetchRequest) -> Rep
 }
 
 async fn long_poll(cluster: &Cluster, cap_ms: u64, request: &FetchRequest) -> FetchResponse {
-    let wait_ms = u64::try_from(request.max_wait_ms).unwrap_or(0).min(cap_ms);
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
-    let min_bytes = usize::try_from(request.min_bytes).unwrap_or(0);
-    loop {
-        let mut watchers = Vec::new();
-        let (response, bytes, had_error) = read_once(cluster, request, &mut watchers);
-        let expired = tokio::time::Instant::now() >= deadline;
-        if bytes >= min_bytes || had_error || expired || watchers.is_empty() {
-            return response;
-        }
-        let changed = select_all(
-            watchers
-                .into_iter()
-                .map(|mut rx| Box::pin(async move { rx.changed().await })),
-        );
-        if tokio::time::timeout_at(deadline, changed).await.is_err() {
-            let (response, _, _) = read_once(cluster, request, &mut Vec::new());
-            return response;
-        }
-    }
+    crate::handlers::fetch::wait_for_data(request, cap_ms, |watchers| {
+        read_once(cluster, request, watchers)
+    })
+    .await
 }
 
 fn read_once(

@@ -7,13 +7,12 @@ use std::time::Duration;
 
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse, ResponseKind};
-use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
-use kiln_log::batch;
 use kiln_raft::proposer::AppendReceiver;
 
 use super::partition_error_code;
 use crate::cluster::Cluster;
+use crate::handlers::produce::{error, oversized};
 use crate::handlers::Reply;
 use crate::traffic::TopicTraffic;
 
@@ -75,17 +74,8 @@ pub fn handle(cluster: &Arc<Cluster>, request: ProduceRequest) -> Reply {
                 ));
                 continue;
             };
-            let max_batch_bytes = topic.settings.max_batch_bytes;
-            if let Some(too_big) = batch::batches(&records)
-                .filter_map(Result::ok)
-                .map(|b| b.bytes.len())
-                .find(|&len| len > max_batch_bytes)
-            {
-                partitions.push(error(
-                    response,
-                    ResponseError::MessageTooLarge,
-                    format!("record batch of {too_big} bytes exceeds max.message.bytes {max_batch_bytes}"),
-                ));
+            if let Some(message) = oversized(&records, topic.settings.max_batch_bytes) {
+                partitions.push(error(response, ResponseError::MessageTooLarge, message));
                 continue;
             }
             TopicTraffic::add(&topic.traffic.produce_bytes, records.len() as u64);
@@ -168,14 +158,4 @@ async fn wait_committed(
         }
     }
     ResponseKind::Produce(response)
-}
-
-fn error(
-    response: PartitionProduceResponse,
-    code: ResponseError,
-    message: String,
-) -> PartitionProduceResponse {
-    response
-        .with_error_code(code.code())
-        .with_error_message(Some(StrBytes::from_string(message)))
 }
