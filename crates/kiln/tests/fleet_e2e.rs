@@ -295,10 +295,13 @@ fn real_checks_on_a_simulated_fleet_pass_fail_retry_and_dead_letter() {
     loop {
         let s = fleet.stats();
         if s.ssh_connections_open == 0 && fleet.open_redfish_sessions() == 0 {
-            // One connection per run: 4 healthy + 5 x 10 dead-lettered + 2 flaky + at least
-            // 1 hung (the unreachable node never connects).
+            // One connection and one session per run: 4 healthy + 5 x 10 dead-lettered + 2
+            // flaky + at least 1 hung (the unreachable node never connects). The two totals
+            // usually match, but not always: under load a run can open its Redfish session and
+            // then fail to connect over SSH (a timeout, recorded as that step's error), so each
+            // is checked on its own; what matters is that none is left open.
             assert!(s.ssh_connections_total >= 57, "{s:?}");
-            assert_eq!(s.redfish_sessions_total, s.ssh_connections_total, "{s:?}");
+            assert!(s.redfish_sessions_total >= 57, "{s:?}");
             break;
         }
         assert!(Instant::now() < deadline, "left open: {s:?}");
