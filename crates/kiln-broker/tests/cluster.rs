@@ -9,7 +9,6 @@ mod groups_common;
 use std::time::{Duration, Instant};
 
 use groups_common::{batch, topic_name, TestBroker, T};
-use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
@@ -154,20 +153,7 @@ async fn start_one(config: BrokerConfig) -> TestBroker {
 }
 
 async fn create(conn: &mut Connection, name: &str, partitions: i32) -> i16 {
-    let request = CreateTopicsRequest::default()
-        .with_timeout_ms(5000)
-        .with_topics(vec![CreatableTopic::default()
-            .with_name(topic_name(name))
-            .with_num_partitions(partitions)
-            .with_replication_factor(3)]);
-    let ResponseKind::CreateTopics(r) = conn
-        .call(RequestKind::CreateTopics(request), T)
-        .await
-        .unwrap()
-    else {
-        panic!("CreateTopics")
-    };
-    r.topics[0].error_code
+    groups_common::try_create_topic(conn, name, partitions, 3).await
 }
 
 /// (error code, base offset) of one acks=all produce of `n` records.

@@ -46,6 +46,9 @@ pub struct ClusterTopic {
     pub settings: TopicSettings,
     /// Per partition, the brokers holding a replica, the preferred leader first.
     pub assignments: Vec<Vec<i32>>,
+    /// This broker's replica of each partition (`None` where it holds none), opened before
+    /// the topic becomes visible: produce and fetch find it by index, not by group name.
+    replicas: Vec<Option<Arc<Replica>>>,
     pub traffic: TopicTraffic,
 }
 
@@ -252,7 +255,10 @@ impl Cluster {
 
     /// The local replica of a topic's partition, if this broker holds one.
     pub fn partition(&self, topic: &ClusterTopic, index: i32) -> Option<Arc<Replica>> {
-        self.replica(&partition_group(topic.id, index))
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| topic.replicas.get(i))
+            .and_then(Option::clone)
     }
 
     /// Every replica this broker holds, groups of the metadata and offsets logs included.
@@ -397,8 +403,10 @@ impl Cluster {
                             }
                         }
                     };
+                    let mut replicas = Vec::with_capacity(assignments.len());
                     for (index, members) in assignments.iter().enumerate() {
                         if !members.contains(&self.node_id) {
+                            replicas.push(None);
                             continue;
                         }
                         let index = i32::try_from(index).unwrap_or(i32::MAX);
@@ -420,9 +428,13 @@ impl Cluster {
                         })
                         .await;
                         match opened {
-                            Ok(r) => self.insert_replica(r),
+                            Ok(r) => {
+                                self.insert_replica(r.clone());
+                                replicas.push(Some(r));
+                            }
                             Err(e) => {
-                                tracing::error!(topic = %name, partition = index, error = %e, "cannot open this broker's replica; it serves nothing for this partition")
+                                tracing::error!(topic = %name, partition = index, error = %e, "cannot open this broker's replica; it serves nothing for this partition");
+                                replicas.push(None);
                             }
                         }
                     }
@@ -435,6 +447,7 @@ impl Cluster {
                             overrides,
                             settings,
                             assignments,
+                            replicas,
                             traffic: TopicTraffic::default(),
                         }),
                     );
@@ -448,12 +461,9 @@ impl Cluster {
                         }
                     };
                     let Some(topic) = removed else { continue };
-                    for index in 0..topic.partition_count() {
-                        let group = partition_group(id, index);
-                        let replica = write(&self.groups).remove(&group);
-                        if let Some(r) = replica {
-                            r.partition.shutdown().await;
-                        }
+                    for r in topic.replicas.iter().flatten() {
+                        write(&self.groups).remove(&r.group);
+                        r.partition.shutdown().await;
                     }
                     let dir = self.replicas_dir.join(id.to_string());
                     if let Err(e) = tokio::fs::remove_dir_all(&dir).await {

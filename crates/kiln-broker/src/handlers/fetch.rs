@@ -81,6 +81,20 @@ pub(crate) async fn wait_for_data(
     }
 }
 
+/// Bytes one partition may return: its own limit within what is left of the request's. KIP-74:
+/// while nothing has been returned yet (`returned == 0`) at least one whole batch goes back, so a
+/// batch larger than the limits can never wedge a consumer.
+pub(crate) fn partition_limit(partition_max_bytes: i32, budget: usize, returned: usize) -> usize {
+    let limit = usize::try_from(partition_max_bytes)
+        .unwrap_or(0)
+        .min(budget);
+    if returned == 0 {
+        limit.max(1)
+    } else {
+        limit
+    }
+}
+
 /// Reads every requested partition once. Returns the response, the record bytes it holds, and
 /// whether any partition failed (an error is answered at once, not waited on).
 fn read_once(
@@ -113,16 +127,7 @@ fn read_once(
                 .with_high_watermark(high_watermark)
                 .with_last_stable_offset(high_watermark)
                 .with_log_start_offset(log.log_start_offset());
-            let partition_max = usize::try_from(p.partition_max_bytes)
-                .unwrap_or(0)
-                .min(budget);
-            // KIP-74: the first non-empty partition returns at least one whole batch, so a batch
-            // larger than the limits can never wedge a consumer.
-            let max_bytes = if total == 0 {
-                partition_max.max(1)
-            } else {
-                partition_max
-            };
+            let max_bytes = partition_limit(p.partition_max_bytes, budget, total);
             if p.fetch_offset > log.log_end_offset() || p.fetch_offset < log.log_start_offset() {
                 had_error = true;
                 partitions.push(data.with_error_code(ResponseError::OffsetOutOfRange.code()));

@@ -90,12 +90,22 @@ pub fn gid(g: &str) -> GroupId {
 }
 
 pub async fn create_topic(conn: &mut Connection, name: &str, partitions: i32) {
+    assert_eq!(try_create_topic(conn, name, partitions, 1).await, 0);
+}
+
+/// CreateTopics of one topic; returns its error code.
+pub async fn try_create_topic(
+    conn: &mut Connection,
+    name: &str,
+    partitions: i32,
+    replication_factor: i16,
+) -> i16 {
     let request = CreateTopicsRequest::default()
         .with_timeout_ms(5000)
         .with_topics(vec![CreatableTopic::default()
             .with_name(topic_name(name))
             .with_num_partitions(partitions)
-            .with_replication_factor(1)]);
+            .with_replication_factor(replication_factor)]);
     let ResponseKind::CreateTopics(r) = conn
         .call(RequestKind::CreateTopics(request), T)
         .await
@@ -103,7 +113,7 @@ pub async fn create_topic(conn: &mut Connection, name: &str, partitions: i32) {
     else {
         panic!("CreateTopics")
     };
-    assert_eq!(r.topics[0].error_code, 0, "{r:?}");
+    r.topics[0].error_code
 }
 
 pub fn batch(n: usize, timestamp: i64) -> Bytes {

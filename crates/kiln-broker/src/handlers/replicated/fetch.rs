@@ -87,15 +87,8 @@ fn read_once(
                         .with_leader_id(kafka_protocol::messages::BrokerId(cluster.node_id))
                         .with_leader_epoch(i32::try_from(replica.leader().1).unwrap_or(i32::MAX)),
                 );
-            let partition_max = usize::try_from(p.partition_max_bytes)
-                .unwrap_or(0)
-                .min(budget);
-            // KIP-74: the first non-empty partition returns at least one whole batch.
-            let max_bytes = if total == 0 {
-                partition_max.max(1)
-            } else {
-                partition_max
-            };
+            let max_bytes =
+                crate::handlers::fetch::partition_limit(p.partition_max_bytes, budget, total);
             // A new leader's high watermark can trail the old one's for a moment; offsets up to
             // its log end are waited on, not refused.
             if p.fetch_offset < 0 || p.fetch_offset > partition.log_end_offset().max(high_watermark)

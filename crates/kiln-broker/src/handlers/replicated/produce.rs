@@ -11,7 +11,7 @@ use kafka_protocol::ResponseError;
 use kiln_raft::proposer::AppendReceiver;
 
 use super::partition_error_code;
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, ClusterTopic};
 use crate::handlers::produce::{error, oversized};
 use crate::handlers::Reply;
 use crate::traffic::TopicTraffic;
@@ -23,6 +23,8 @@ struct Waiting {
     topic: usize,
     partition: usize,
     receiver: AppendReceiver,
+    /// For its traffic counters once the outcome is known.
+    counted: Arc<ClusterTopic>,
 }
 
 pub fn handle(cluster: &Arc<Cluster>, request: ProduceRequest) -> Reply {
@@ -83,6 +85,7 @@ pub fn handle(cluster: &Arc<Cluster>, request: ProduceRequest) -> Reply {
                 topic: topic_slot,
                 partition: partition_slot,
                 receiver: replica.proposer.submit(records),
+                counted: topic.clone(),
             });
             partitions.push(response.with_log_start_offset(0));
         }
@@ -101,14 +104,10 @@ pub fn handle(cluster: &Arc<Cluster>, request: ProduceRequest) -> Reply {
     }
     let timeout =
         Duration::from_millis(u64::try_from(request.timeout_ms).unwrap_or(0)).max(ACK_TIMEOUT_MIN);
-    let cluster = cluster.clone();
-    Reply::Later(Box::pin(wait_committed(
-        cluster, response, waiting, timeout,
-    )))
+    Reply::Later(Box::pin(wait_committed(response, waiting, timeout)))
 }
 
 async fn wait_committed(
-    cluster: Arc<Cluster>,
     mut response: ProduceResponse,
     waiting: Vec<Waiting>,
     timeout: Duration,
@@ -134,25 +133,21 @@ async fn wait_committed(
         let Some(topic) = response.responses.get_mut(w.topic) else {
             continue;
         };
-        let counted = cluster.topic(topic.name.as_str());
+        let counted = &w.counted.traffic;
         let Some(p) = topic.partition_responses.get_mut(w.partition) else {
             continue;
         };
         match outcome {
             Ok(ack) => {
                 p.base_offset = ack.base_offset;
-                if let Some(t) = counted {
-                    TopicTraffic::add(
-                        &t.traffic.produce_records,
-                        u64::try_from(ack.last_offset - ack.base_offset + 1).unwrap_or(0),
-                    );
-                }
+                TopicTraffic::add(
+                    &counted.produce_records,
+                    u64::try_from(ack.last_offset - ack.base_offset + 1).unwrap_or(0),
+                );
             }
             Err((code, message)) => {
                 tracing::debug!(partition = p.index, error = %message, "produce not acknowledged");
-                if let Some(t) = counted {
-                    TopicTraffic::add(&t.traffic.produce_errors, 1);
-                }
+                TopicTraffic::add(&counted.produce_errors, 1);
                 *p = error(p.clone().with_base_offset(-1), code, message);
             }
         }
