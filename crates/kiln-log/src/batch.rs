@@ -7,6 +7,15 @@
 //! producerEpoch i16 @51, baseSequence i32 @53, recordCount i32 @57, records @61.
 //!
 //! Everything here reads untrusted bytes, so every access is checked: no input can make it panic.
+//!
+//! Two fields that the CRC does not cover carry the log's own bookkeeping on disk (docs/storage.md,
+//! "Entries"): `baseOffset` is the Kafka offset of the batch's first record, stamped on append,
+//! and `partitionLeaderEpoch` is the Raft term the batch was written in, with bit 31
+//! ([`ENTRY_END`]) set on the last batch of each Raft entry. Reads stamp the plain term back
+//! before a batch leaves the log. A control batch (attributes bit 5) holds one record whose key
+//! is `[version i16 = 0][kind u16]` and whose value is the log's payload (a Raft-only entry: see
+//! [`ControlKind`]); it takes no Kafka offset (its `baseOffset` is the offset of the next data
+//! record) and is never served to a client.
 
 use crate::LogError;
 
@@ -17,6 +26,14 @@ pub const LOG_OVERHEAD: usize = 12;
 /// Smallest legal `batchLength`: a header with no records.
 pub const MIN_BATCH_LENGTH: i32 = (BATCH_HEADER_LEN - LOG_OVERHEAD) as i32;
 pub const MAGIC_V2: i8 = 2;
+/// Attributes bit 4: the batch is part of a transaction.
+pub const ATTR_TRANSACTIONAL: i16 = 0x10;
+/// Attributes bit 5: a control batch (Kafka's transaction markers; here Raft-only entries).
+pub const ATTR_CONTROL: i16 = 0x20;
+/// Bit 31 of the stored `partitionLeaderEpoch`: this batch is the last of its Raft entry.
+pub const ENTRY_END: u32 = 1 << 31;
+/// Terms are stored in the 31 bits below [`ENTRY_END`].
+pub const TERM_MAX: u64 = (ENTRY_END - 1) as u64;
 
 const BATCH_LENGTH_AT: usize = 8;
 const PARTITION_LEADER_EPOCH_AT: usize = 12;
@@ -174,6 +191,31 @@ impl BatchHeader {
     pub fn next_offset(&self) -> i64 {
         self.last_offset().saturating_add(1)
     }
+
+    /// A control batch: a Raft-only entry in the log, never a client's records.
+    pub fn is_control(&self) -> bool {
+        self.attributes & ATTR_CONTROL != 0
+    }
+
+    /// The Kafka offsets this batch takes as stored in the log: its records for a data batch,
+    /// none for a control batch.
+    pub fn kafka_records(&self) -> i64 {
+        if self.is_control() {
+            0
+        } else {
+            i64::from(self.record_count)
+        }
+    }
+
+    /// The Raft term of a stored batch (its `partitionLeaderEpoch` without [`ENTRY_END`]).
+    pub fn stored_term(&self) -> u64 {
+        u64::from(self.partition_leader_epoch as u32 & !ENTRY_END)
+    }
+
+    /// Whether a stored batch is the last of its Raft entry.
+    pub fn ends_entry(&self) -> bool {
+        self.partition_leader_epoch as u32 & ENTRY_END != 0
+    }
 }
 
 /// CRC32C (Castagnoli) of a whole batch as Kafka defines it: bytes 21..end.
@@ -278,8 +320,20 @@ impl<'a> Iterator for Batches<'a> {
     }
 }
 
+/// Overwrites the `partitionLeaderEpoch` field. Returns false when `batch` is too short.
+pub fn set_partition_leader_epoch(batch: &mut [u8], value: u32) -> bool {
+    match batch.get_mut(PARTITION_LEADER_EPOCH_AT..PARTITION_LEADER_EPOCH_AT + 4) {
+        Some(field) => {
+            field.copy_from_slice(&value.to_be_bytes());
+            true
+        }
+        None => false,
+    }
+}
+
 /// Validates a buffer of one or more concatenated batches as a producer sends them: every header,
-/// every CRC, and that the batches cover the buffer exactly. Returns the batches in order.
+/// every CRC, that the batches cover the buffer exactly, and that none is a control batch (only
+/// the log writes those). Returns the batches in order.
 pub fn validate_batches(buf: &[u8]) -> Result<Vec<Batch<'_>>, LogError> {
     if buf.is_empty() {
         return Err(invalid(0, "no record batches"));
@@ -287,10 +341,156 @@ pub fn validate_batches(buf: &[u8]) -> Result<Vec<Batch<'_>>, LogError> {
     let mut out = Vec::new();
     for batch in batches(buf) {
         let batch = batch?;
+        if batch.header.is_control() {
+            return Err(invalid(
+                batch.position,
+                "control batches are written by the broker only",
+            ));
+        }
         verify_crc(batch.bytes, batch.position)?;
         out.push(batch);
     }
     Ok(out)
+}
+
+/// Counts the records of already validated batches.
+pub fn count_records(buf: &[u8]) -> Result<u32, LogError> {
+    let mut n: u32 = 0;
+    for batch in batches(buf) {
+        let records = u32::try_from(batch?.header.record_count).unwrap_or(0);
+        n = n.saturating_add(records);
+    }
+    Ok(n)
+}
+
+/// The kinds of Raft-only entries the log stores as control batches. Kafka's own control
+/// record types (0 abort, 1 commit, 2..6 KRaft) are not used, so no tool mistakes one for the
+/// other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u16)]
+pub enum ControlKind {
+    /// A new leader's first entry (openraft's blank entry); no payload.
+    Blank = 100,
+    /// A Raft membership (voter and learner sets); the payload is kiln-raft's encoding.
+    Membership = 101,
+    /// A replicated request that the replica applies (the log start moved, ...); the payload
+    /// is kiln-raft's encoding.
+    Command = 102,
+}
+
+impl ControlKind {
+    pub fn from_u16(v: u16) -> Option<ControlKind> {
+        match v {
+            100 => Some(ControlKind::Blank),
+            101 => Some(ControlKind::Membership),
+            102 => Some(ControlKind::Command),
+            _ => None,
+        }
+    }
+}
+
+fn put_varint(out: &mut Vec<u8>, v: i64) {
+    // Kafka's record fields are zigzag varints.
+    let mut z = ((v << 1) ^ (v >> 63)) as u64;
+    loop {
+        let byte = (z & 0x7f) as u8;
+        z >>= 7;
+        if z == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+fn get_varint(buf: &[u8], at: &mut usize) -> Option<i64> {
+    let mut z: u64 = 0;
+    for shift in (0..64).step_by(7) {
+        let byte = *buf.get(*at)?;
+        *at += 1;
+        z |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some(((z >> 1) as i64) ^ -((z & 1) as i64));
+        }
+    }
+    None
+}
+
+/// Builds a control batch holding one record (key `[0 i16][kind u16]`, value `payload`), with
+/// `base_offset`, the stored epoch field `epoch_field` and `timestamp_ms`. Its CRC is set.
+pub fn encode_control_batch(
+    base_offset: i64,
+    epoch_field: u32,
+    timestamp_ms: i64,
+    kind: ControlKind,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut record = Vec::with_capacity(16 + payload.len());
+    record.push(0); // attributes
+    put_varint(&mut record, 0); // timestampDelta
+    put_varint(&mut record, 0); // offsetDelta
+    put_varint(&mut record, 4);
+    record.extend_from_slice(&0i16.to_be_bytes());
+    record.extend_from_slice(&(kind as u16).to_be_bytes());
+    put_varint(&mut record, payload.len() as i64);
+    record.extend_from_slice(payload);
+    put_varint(&mut record, 0); // headers
+    let mut b = Vec::with_capacity(BATCH_HEADER_LEN + 10 + record.len());
+    b.extend_from_slice(&base_offset.to_be_bytes());
+    b.extend_from_slice(&0i32.to_be_bytes()); // batchLength, set below
+    b.extend_from_slice(&epoch_field.to_be_bytes());
+    b.push(MAGIC_V2 as u8);
+    b.extend_from_slice(&0u32.to_be_bytes()); // crc, set below
+    b.extend_from_slice(&ATTR_CONTROL.to_be_bytes());
+    b.extend_from_slice(&0i32.to_be_bytes()); // lastOffsetDelta
+    b.extend_from_slice(&timestamp_ms.to_be_bytes());
+    b.extend_from_slice(&timestamp_ms.to_be_bytes());
+    b.extend_from_slice(&(-1i64).to_be_bytes()); // producerId
+    b.extend_from_slice(&(-1i16).to_be_bytes()); // producerEpoch
+    b.extend_from_slice(&(-1i32).to_be_bytes()); // baseSequence
+    b.extend_from_slice(&1i32.to_be_bytes()); // recordCount
+    put_varint(&mut b, record.len() as i64);
+    b.extend_from_slice(&record);
+    let batch_length = (b.len() - LOG_OVERHEAD) as i32;
+    b[BATCH_LENGTH_AT..BATCH_LENGTH_AT + 4].copy_from_slice(&batch_length.to_be_bytes());
+    let crc = crc32c::crc32c(&b[CRC_COVERS_FROM..]);
+    b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
+    b
+}
+
+/// The kind and payload of a control batch written by [`encode_control_batch`] (`batch` is the
+/// whole batch, CRC already checked).
+pub fn decode_control_batch(batch: &[u8]) -> Result<(ControlKind, &[u8]), LogError> {
+    let header = BatchHeader::parse(batch)?;
+    if !header.is_control() || header.record_count != 1 {
+        return Err(invalid(0, "not a control batch of one record"));
+    }
+    let bad = |why: &str| invalid(BATCH_HEADER_LEN, format!("control record: {why}"));
+    let mut at = BATCH_HEADER_LEN;
+    let len = get_varint(batch, &mut at).ok_or_else(|| bad("no length"))?;
+    let end = at
+        .checked_add(usize::try_from(len).map_err(|_| bad("negative length"))?)
+        .filter(|&e| e <= batch.len())
+        .ok_or_else(|| bad("length past the batch"))?;
+    at += 1; // attributes
+    for _ in 0..2 {
+        get_varint(batch, &mut at).ok_or_else(|| bad("no delta"))?;
+    }
+    if get_varint(batch, &mut at) != Some(4) {
+        return Err(bad("key is not 4 bytes"));
+    }
+    let key = batch.get(at..at + 4).ok_or_else(|| bad("short key"))?;
+    at += 4;
+    let kind = u16::from_be_bytes([key[2], key[3]]);
+    let kind = ControlKind::from_u16(kind).ok_or_else(|| bad("unknown kind"))?;
+    let value_len = get_varint(batch, &mut at).ok_or_else(|| bad("no value length"))?;
+    let value_len = usize::try_from(value_len).map_err(|_| bad("negative value length"))?;
+    let value = at
+        .checked_add(value_len)
+        .filter(|&e| e <= end)
+        .and_then(|e| batch.get(at..e))
+        .ok_or_else(|| bad("value past the record"))?;
+    Ok((kind, value))
 }
 
 #[cfg(test)]
@@ -371,6 +571,31 @@ mod tests {
         assert!(validate_batches(&long_len).is_err());
     }
 
+    #[test]
+    fn control_batches_round_trip_and_are_refused_from_producers() {
+        let b = encode_control_batch(42, 7 | ENTRY_END, 1000, ControlKind::Membership, b"voters");
+        verify_crc(&b, 0).unwrap();
+        let h = BatchHeader::parse(&b).unwrap();
+        assert!(h.is_control());
+        assert_eq!((h.base_offset, h.kafka_records(), h.record_count), (42, 0, 1));
+        assert_eq!((h.stored_term(), h.ends_entry()), (7, true));
+        let (kind, payload) = decode_control_batch(&b).unwrap();
+        assert_eq!((kind, payload), (ControlKind::Membership, &b"voters"[..]));
+        let empty = encode_control_batch(0, 1, 0, ControlKind::Blank, b"");
+        assert_eq!(decode_control_batch(&empty).unwrap().1, b"");
+        assert!(matches!(
+            validate_batches(&b),
+            Err(LogError::InvalidBatch { .. })
+        ));
+        assert!(decode_control_batch(&raw_batch(4, 0)).is_err());
+        for cut in BATCH_HEADER_LEN..b.len() {
+            let mut short = b[..cut].to_vec();
+            let len = (short.len() - LOG_OVERHEAD) as i32;
+            short[8..12].copy_from_slice(&len.to_be_bytes());
+            let _ = decode_control_batch(&short);
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
         #[test]
@@ -382,6 +607,7 @@ mod tests {
             let _ = BatchHeader::parse(&bytes);
             let _ = validate_batches(&bytes);
             let _ = compute_crc(&bytes);
+            let _ = decode_control_batch(&bytes);
             for b in batches(&bytes) {
                 let _ = b;
             }

@@ -43,6 +43,10 @@ pub enum LogError {
     Poisoned(String),
     #[error("log is closed")]
     Closed,
+    /// The caller broke the log's order (an entry out of sequence, a term going back, a cut
+    /// below the start): a bug upstream, reported rather than absorbed.
+    #[error("log order violated: {0}")]
+    OutOfOrder(String),
 }
 
 impl LogError {

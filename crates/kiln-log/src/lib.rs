@@ -1,26 +1,34 @@
-//! Kiln's log storage engine. See `docs/ARCHITECTURE.md` for the codemap.
+//! Kiln's log storage engine: one partition's Raft log, which is also its record store. See
+//! `docs/storage.md` for the design and `docs/ARCHITECTURE.md` for the codemap.
 //!
-//! A partition is a directory of segments. Each segment is `<base-offset>.log`
-//! holding Kafka RecordBatch v2 bytes exactly as produced, except that the
-//! base offset field is stamped by the log; `<base-offset>.index` is a sparse
-//! offset index and `<base-offset>.timeindex` a sparse time index.
+//! A log is a directory of segments. Each segment is `<first index>.log`: a header (where the
+//! segment starts and how much of it is known synced, see [`header`]) followed by Kafka
+//! RecordBatch v2 bytes exactly as produced but for two fields the CRC does not cover (the
+//! base offset and the epoch field, see [`batch`]). `<first index>.index` is a sparse index by
+//! Kafka offset and Raft index, `<first index>.timeindex` a sparse time index; both are read on
+//! demand, never held in memory.
 //!
-//! This crate has no networking. `stats` times every segment fsync for the broker's metrics.
+//! All file I/O goes through [`fs::Fs`], real or simulated ([`sim_fs`]). This crate has no
+//! networking; `stats` times every fsync for the broker's metrics.
 
 pub mod batch;
-mod checkpoint;
 mod config;
 mod error;
-mod flush;
+pub mod fs;
+pub mod header;
 mod index;
-mod partition;
+mod log;
+mod points;
 mod recovery;
 mod segment;
+pub mod sim_fs;
 pub mod stats;
 
-pub use batch::{BatchHeader, BATCH_HEADER_LEN};
-pub use config::{FlushPolicy, LogConfig};
+pub use batch::{BatchHeader, ControlKind, BATCH_HEADER_LEN};
+pub use config::LogConfig;
 pub use error::LogError;
-pub use partition::{
-    AppendInfo, PartitionLog, ReadResult, RecoveryReport, RetentionReport, TimestampLookup,
+pub use log::{
+    EntryBody, Log, NewEntry, PurgeReport, ReadMode, ReadResult, SegmentInfo, StoredBody,
+    StoredEntry, Tail, TimestampLookup, HEADER_CLAIM_DELAY,
 };
+pub use recovery::{Damage, LogTail, RecoveryReport};

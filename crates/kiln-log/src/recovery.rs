@@ -1,332 +1,542 @@
-//! Opening a partition directory after a clean shutdown or a crash.
+//! Opening a log directory after a clean shutdown or a crash (docs/storage.md, "Recovery").
 //!
-//! Segments wholly before the recovery checkpoint were fsynced: they are trusted along with
-//! their index files, which only get cheap checks. From the checkpoint position to the end of
-//! the log every batch is read and CRC-checked; at the first torn, corrupt or non-contiguous
-//! batch the log is cut there and any later segments are deleted. Without a usable checkpoint
-//! everything is scanned. The checkpoint bounds the scan, so recovery time does not grow with
-//! the size of the partition.
+//! Segments are taken in index order. A sealed segment was wholly fsynced before it was sealed:
+//! it is trusted with its indexes after cheap checks. The last segment (and one whose seal a
+//! crash prevented) is trusted up to its header's checkpoint, and from there every batch is read
+//! and CRC checked: offsets must continue, an entry's batches share one term, terms never
+//! decrease, and an entry ends with a batch carrying the entry-end flag. The log keeps the
+//! longest prefix of whole, valid entries.
+//!
+//! What is cut tells which case it was:
+//! * **torn**: the valid prefix reaches at least what the header claims synced. Only writes no
+//!   fsync covered are lost, and nobody was told they were durable: cut them (WARN).
+//! * **damaged**: the valid prefix ends before the synced claim (a flipped bit, zeros over
+//!   synced data, a file cut short). The entries it held may have been acknowledged: they are cut
+//!   (never served) and [`LogTail::Damaged`] says which, so the replica repairs before it votes.
+//!
+//! A segment that starts past the end of the one before it is what a [`crate::Log::reset`]
+//! leaves when a crash cuts it short: the older segments are dropped.
 
-use std::collections::BTreeSet;
-use std::fs;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use crate::checkpoint::{self, Checkpoint, CHECKPOINT_TMP};
+use crate::fs::Fs;
+use crate::header::{Mark, Slot, HEADER_LEN};
+use crate::points::PointBuilder;
 use crate::segment::{self, Segment};
-use crate::{LogConfig, LogError, RecoveryReport};
+use crate::{batch, LogConfig, LogError};
+
+/// What recovery found at the end of the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogTail {
+    Clean,
+    /// Unsynced writes a crash cut short were removed.
+    Torn,
+    /// Synced data was lost (see the module docs).
+    Damaged(Damage),
+}
+
+/// Lost synced data, as recovery saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damage {
+    /// The first entry that is gone (the log now ends before it).
+    pub first_lost_index: u64,
+    /// The highest index the headers claimed synced (`None`: no claim survived).
+    pub synced_through: Option<u64>,
+    /// The term of that entry, as claimed.
+    pub synced_term: Option<u64>,
+    pub path: String,
+    pub position: u64,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub segments: usize,
+    /// Bytes read and CRC checked past the checkpoints.
+    pub scanned_bytes: u64,
+    /// Bytes cut from the end (torn or damaged), later segments included.
+    pub cut_bytes: u64,
+    pub tail: LogTail,
+    pub first_index: u64,
+    pub next_index: u64,
+    pub next_kafka: i64,
+    pub last_term: u64,
+    pub elapsed: Duration,
+}
 
 pub(crate) struct Recovered {
-    /// In offset order; never empty; the last one is the active segment.
+    /// In index order; never empty; the last one is the active segment.
     pub segments: Vec<Arc<Segment>>,
-    pub checkpoint: Checkpoint,
     pub report: RecoveryReport,
 }
 
-pub(crate) fn recover(dir: &Path, config: &LogConfig) -> Result<Recovered, LogError> {
+/// One segment on disk, before it is checked.
+struct Found {
+    seg: Segment,
+    slot: Option<Slot>,
+    file_len: u64,
+}
+
+/// How a segment's scan ended.
+struct ScanEnd {
+    end: Mark,
+    stop: Option<(u64, String)>,
+    scanned: u64,
+}
+
+pub(crate) fn recover(fs: &dyn Fs, dir: &Path, config: &LogConfig) -> Result<Recovered, LogError> {
     let started = Instant::now();
-    fs::create_dir_all(dir).map_err(LogError::io("create log directory", dir))?;
-    let (bases, mut dir_changed) = list_segments(dir)?;
-    let raw_checkpoint = checkpoint::read(dir)?;
-    let checkpoint = raw_checkpoint.filter(|cp| checkpoint_matches(dir, &bases, cp));
-    let interval = config.index_interval_bytes;
-
-    let mut segments: Vec<Arc<Segment>> = Vec::new();
+    fs.create_dir_all(dir)
+        .map_err(LogError::io("create log directory", dir))?;
+    let bases = list_segments(fs, dir)?;
+    let interval = u64::from(config.index_interval_bytes);
+    let mut found = Vec::with_capacity(bases.len());
+    for &base in &bases {
+        let (seg, slot, file_len) = Segment::open(fs, dir, base)?;
+        found.push(Found { seg, slot, file_len });
+    }
+    let mut kept: Vec<Segment> = Vec::new();
     let mut scanned_bytes = 0u64;
-    let mut truncated_bytes = 0u64;
-    // Index in `segments` of the first segment read past the checkpoint. Those bytes may so far
-    // exist only in the page cache (the process died, the kernel did not): they are fsynced
-    // before a new checkpoint vouches for them.
-    let mut first_scanned: Option<usize> = None;
+    let mut cut_bytes = 0u64;
+    let mut tail = LogTail::Clean;
+    let mut dir_changed = false;
+    // Segments whose files were read past a checkpoint: fsynced before a new claim covers them.
+    let mut to_sync: Vec<usize> = Vec::new();
 
-    for (i, &base) in bases.iter().enumerate() {
-        let (seg, index_ok) = Segment::open(dir, base, interval)?;
-        let next_base = bases.get(i + 1).copied();
-        let is_last = next_base.is_none();
-        if seg.size() == 0 && !is_last {
-            // Left by a roll that failed half way; it holds nothing and would break contiguity.
-            tracing::warn!(path = %seg.path().display(), "removing an empty segment that is not the last one");
-            drop(seg);
-            segment::remove_files(dir, base)?;
-            dir_changed = true;
-            continue;
+    let count = found.len();
+    let mut iter = found.into_iter().enumerate().peekable();
+    while let Some((i, f)) = iter.next() {
+        let is_last = i + 1 == count;
+        let prev_end = kept.last().map(Segment::end);
+        let Found { seg, slot, file_len } = f;
+        // Where this segment should start.
+        if let Some(p) = prev_end {
+            if seg.base_index > p.next_index {
+                tracing::warn!(dir = %dir.display(), from = kept.first().map(|s| s.base_index), to = p.next_index, restart = seg.base_index, "dropping segments left behind by a reset");
+                for s in kept.drain(..) {
+                    segment::remove_files(fs, dir, s.base_index)?;
+                }
+                to_sync.clear();
+                dir_changed = true;
+            } else if seg.base_index < p.next_index {
+                let reason = format!(
+                    "segment starts at entry {} inside the previous one, which ends at {}",
+                    seg.base_index, p.next_index
+                );
+                cut_bytes += cut_rest(fs, dir, seg, iter.by_ref().map(|(_, f)| f), &mut dir_changed)?;
+                tail = damaged_or_torn(p, slot.map(|s| s.synced), HEADER_LEN, &reason, dir);
+                break;
+            }
         }
-        let (from, expected) = match checkpoint {
-            Some(cp) if base < cp.segment_base => {
-                recover_trusted(&seg, index_ok, next_base)?;
-                segments.push(Arc::new(seg));
+        let prev_end = kept.last().map(Segment::end);
+        let slot = slot.filter(|s| s.base_index == seg.base_index);
+        let seg = match (slot, prev_end) {
+            (Some(s), Some(p)) if s.base_kafka != p.next_kafka || s.prev_term != p.last_term => {
+                let reason = format!(
+                    "segment header says it starts at Kafka offset {} after term {}, the log before it ends at {} in term {}",
+                    s.base_kafka, s.prev_term, p.next_kafka, p.last_term
+                );
+                cut_bytes += cut_rest(fs, dir, seg, iter.by_ref().map(|(_, f)| f), &mut dir_changed)?;
+                tail = damaged_or_torn(p, Some(s.synced), HEADER_LEN, &reason, dir);
+                break;
+            }
+            (Some(_), _) => seg,
+            (None, _) if is_last && file_len < HEADER_LEN => {
+                // A segment whose creation a crash cut short: nothing in it was ever synced.
+                tracing::warn!(path = %seg.path.display(), "removing a segment whose creation did not complete");
+                cut_bytes += file_len;
+                let base = seg.base_index;
+                drop(seg);
+                segment::remove_files(fs, dir, base)?;
+                dir_changed = true;
+                if tail == LogTail::Clean {
+                    tail = LogTail::Torn;
+                }
                 continue;
             }
-            Some(cp) if base == cp.segment_base && trust_prefix(&seg, index_ok, &cp)? => {
-                (cp.position, cp.next_offset)
-            }
-            _ => {
-                seg.index.clear()?;
-                (0, base)
-            }
-        };
-        first_scanned.get_or_insert(segments.len());
-        let file_len = seg.size();
-        let prev_end = segments.last().map(|p| p.next_offset());
-        let (end, stop) = match prev_end {
-            Some(prev_end) if from == 0 && prev_end != base => (
-                0,
-                Some(format!(
-                    "segment starts at offset {base} but the previous segment ends at {prev_end}"
-                )),
-            ),
-            _ => {
-                let scan = seg.scan(from, expected, u64::MAX, true, true)?;
-                scanned_bytes += scan.end - from;
-                seg.set_recovered(scan.next_offset, i64::MIN);
-                (scan.end, scan.stop)
+            (None, p) => {
+                // Both header slots damaged: take the start from the log before, or the first
+                // batch, and assume everything in the file was synced (the safe assumption).
+                tracing::error!(path = %seg.path.display(), "segment header damaged in both slots; rebuilding it");
+                let (kafka, term) = match p {
+                    Some(p) => (p.next_kafka, p.last_term),
+                    None => first_batch_start(&seg, file_len),
+                };
+                seg.with_base(kafka, term)
             }
         };
-        let Some(reason) = stop else {
-            segments.push(Arc::new(seg));
+        let claim = match slot {
+            Some(s) => s.synced,
+            None => Mark {
+                len: file_len,
+                next_index: u64::MAX,
+                next_kafka: i64::MAX,
+                last_term: u64::MAX,
+            },
+        };
+        // The trusted prefix: a sealed segment whole, any other up to its checkpoint.
+        let (trusted, trusted_max_ts) = match slot {
+            Some(s) if s.sealed => (s.synced, s.checkpoint_max_ts),
+            Some(s) => (s.checkpoint, s.checkpoint_max_ts),
+            None => (seg.end(), i64::MIN),
+        };
+        let mut scan_from = trusted;
+        if trusted.len > file_len {
+            // Even the trusted part is gone: rebuild from the start to see what is left.
+            scan_from = seg.end();
+            seg.offsets.truncate(0)?;
+            seg.times.truncate(0)?;
+        } else if !trust_prefix(&seg, trusted, interval)? {
+            scan_from = seg.end();
+        } else {
+            seg.set_end(trusted);
+            seg.set_max_ts(trusted_max_ts);
+            let last_ts = seg.times.last()?.map_or(i64::MIN, |p| p.ts);
+            seg.time_index_max.store(last_ts, std::sync::atomic::Ordering::Release);
+        }
+        let sealed_whole = slot.is_some_and(|s| s.sealed) && scan_from == trusted && trusted.len == file_len && !is_last;
+        let scan = if sealed_whole {
+            ScanEnd {
+                end: trusted,
+                stop: None,
+                scanned: 0,
+            }
+        } else {
+            let s = scan(&seg, scan_from, file_len, interval)?;
+            to_sync.push(kept.len());
+            s
+        };
+        scanned_bytes += scan.scanned;
+        seg.set_end(scan.end);
+        let first_ts = seg.first_append_ms();
+        if first_ts == i64::MIN {
+            seg.set_first_append_ms(first_batch_time(&seg, scan.end.len));
+        }
+        let damaged = scan.end.len < claim.len;
+        let Some((position, reason)) = scan.stop.clone().or_else(|| damaged.then(|| (scan.end.len, "the file ends before the synced length its header claims".to_string()))) else {
+            kept.push(seg);
             continue;
         };
-        // Cut the log at the first bad batch and drop everything after it.
-        tracing::warn!(
-            path = %seg.path().display(),
-            position = end,
-            bytes_cut = file_len - end,
-            reason = %reason,
-            "recovery truncated the log at a torn or corrupt batch"
-        );
-        truncated_bytes += file_len - end;
-        if end == 0 && !segments.is_empty() {
-            drop(seg);
-            segment::remove_files(dir, base)?;
+        // Cut here; anything after goes too.
+        cut_bytes += file_len.saturating_sub(scan.end.len);
+        seg.file
+            .set_len(scan.end.len)
+            .map_err(LogError::io("truncate segment", &seg.path))?;
+        let path = seg.path.display().to_string();
+        let mut later_claims: Vec<Mark> = Vec::new();
+        for (_, f) in iter.by_ref() {
+            if let Some(s) = f.slot {
+                later_claims.push(s.synced);
+            }
+            let base = f.seg.base_index;
+            drop(f.seg);
+            cut_bytes += segment::remove_files(fs, dir, base)?;
             dir_changed = true;
+        }
+        if damaged || later_claims.iter().any(|c| c.next_index > scan.end.next_index) {
+            let best = later_claims
+                .into_iter()
+                .chain(std::iter::once(claim))
+                .filter(|c| c.next_index != u64::MAX)
+                .max_by_key(|c| c.next_index);
+            let d = Damage {
+                first_lost_index: scan.end.next_index,
+                synced_through: best.and_then(|c| c.next_index.checked_sub(1)),
+                synced_term: best.map(|c| c.last_term),
+                path,
+                position,
+                reason: reason.clone(),
+            };
+            tracing::error!(?d, "log damaged: synced entries are lost and were cut; they must be refilled from a peer");
+            tail = LogTail::Damaged(d);
         } else {
-            seg.truncate(end)?;
-            segments.push(Arc::new(seg));
+            tracing::warn!(path = %seg.path.display(), position, bytes_cut = file_len - scan.end.len, %reason, "recovery cut a torn tail (writes no fsync covered)");
+            if tail == LogTail::Clean {
+                tail = LogTail::Torn;
+            }
         }
-        for &later in bases.iter().skip(i + 1) {
-            let cut = segment::remove_files(dir, later)?;
-            tracing::warn!(
-                path = %segment::log_path(dir, later).display(),
-                bytes_cut = cut,
-                "recovery deleted a segment that followed the truncation point"
-            );
-            truncated_bytes += cut;
-            dir_changed = true;
-        }
+        kept.push(seg);
         break;
     }
 
-    if segments.is_empty() {
-        // Offsets only grow: a log whose files vanished restarts where the checkpoint said it was.
-        let start = raw_checkpoint.map_or(0, |cp| cp.next_offset.max(0));
-        segments.push(Arc::new(Segment::create(dir, start, interval)?));
+    if kept.is_empty() {
+        // A new log, or one whose only segment never reached the disk.
+        let seg = Segment::create(fs, dir, 0, 0, 0)?;
+        for f in [&seg.file, seg.offsets.file(), seg.times.file()] {
+            f.sync_now()
+                .map_err(LogError::io("fsync new segment", &seg.path))?;
+        }
         dir_changed = true;
+        kept.push(seg);
     }
-    let (closed, active) = match segments.split_last() {
-        Some((active, closed)) => (closed, active.clone()),
-        None => unreachable_segments(dir)?,
-    };
-    for seg in closed {
-        seg.index.seal();
-    }
-    for seg in &segments {
-        seg.index.persist()?;
-    }
-    for seg in segments
-        .iter()
-        .skip(first_scanned.unwrap_or(segments.len()))
-    {
-        seg.sync()?;
+    // Everything kept past a checkpoint is made durable, then the last segment's header
+    // claims it: from here on the claim is true.
+    for &i in &to_sync {
+        if let Some(seg) = kept.get(i) {
+            for f in [&seg.file, seg.offsets.file(), seg.times.file()] {
+                f.sync_now()
+                    .map_err(LogError::io("fsync recovered segment", &seg.path))?;
+            }
+        }
     }
     if dir_changed {
-        checkpoint::sync_dir(dir)?;
+        fs.sync_dir(dir).map_err(LogError::io("fsync directory", dir))?;
     }
-    let next_offset = active.next_offset();
-    // The roll clock restarts from the first batch's timestamp, as Kafka does; without one, now.
-    let first_append_ms = match active.first_header() {
-        Some(h) if h.max_timestamp >= 0 => h.max_timestamp,
-        Some(_) => now_ms(),
-        None => i64::MIN,
-    };
-    active.set_recovered(next_offset, first_append_ms);
-    let checkpoint = Checkpoint {
-        segment_base: active.base,
-        position: active.size(),
-        next_offset,
-        max_timestamp: active.max_timestamp(),
-    };
-    checkpoint::write(dir, &checkpoint)?;
+    let last_index = kept.len() - 1;
+    for (i, seg) in kept.iter().enumerate() {
+        let end = seg.end();
+        let slot = Slot {
+            seq: seg.next_seq(),
+            base_index: seg.base_index,
+            base_kafka: seg.base_kafka,
+            prev_term: seg.prev_term,
+            synced: end,
+            checkpoint: end,
+            checkpoint_max_ts: seg.max_ts(),
+            sealed: i != last_index,
+        };
+        if i == last_index || to_sync.contains(&i) {
+            seg.write_slot(&slot)?;
+            seg.file
+                .sync_now()
+                .map_err(LogError::io("fsync segment header", &seg.path))?;
+        }
+    }
+    let first = kept.first().map_or(0, |s| s.base_index);
+    let end = kept.last().map(Segment::end).unwrap_or_default();
     let report = RecoveryReport {
-        segments: segments.len(),
+        segments: kept.len(),
         scanned_bytes,
-        truncated_bytes,
-        next_offset,
+        cut_bytes,
+        tail,
+        first_index: first,
+        next_index: end.next_index,
+        next_kafka: end.next_kafka,
+        last_term: end.last_term,
         elapsed: started.elapsed(),
     };
-    tracing::info!(dir = %dir.display(), ?report, "partition log recovered");
+    tracing::info!(dir = %dir.display(), segments = report.segments, scanned_bytes, cut_bytes, next_index = report.next_index, next_kafka = report.next_kafka, elapsed_ms = report.elapsed.as_millis() as u64, "log recovered");
     Ok(Recovered {
-        segments,
-        checkpoint,
+        segments: kept.into_iter().map(Arc::new).collect(),
         report,
     })
 }
 
-fn unreachable_segments<T>(dir: &Path) -> Result<T, LogError> {
-    Err(LogError::Io {
-        op: "recover",
-        path: dir.to_path_buf(),
-        source: std::io::Error::other("no segment after recovery"),
+/// Removes `seg` and every later segment; returns the bytes removed.
+fn cut_rest(
+    fs: &dyn Fs,
+    dir: &Path,
+    seg: Segment,
+    rest: impl Iterator<Item = Found>,
+    dir_changed: &mut bool,
+) -> Result<u64, LogError> {
+    let mut bases = vec![seg.base_index];
+    drop(seg);
+    bases.extend(rest.map(|f| f.seg.base_index));
+    let mut bytes = 0;
+    for b in bases {
+        bytes += segment::remove_files(fs, dir, b)?;
+        *dir_changed = true;
+    }
+    Ok(bytes)
+}
+
+fn damaged_or_torn(end: Mark, claim: Option<Mark>, _at: u64, reason: &str, dir: &Path) -> LogTail {
+    match claim.filter(|c| c.next_index > end.next_index) {
+        Some(c) => {
+            tracing::error!(dir = %dir.display(), %reason, "log damaged: later segments do not continue it and were cut");
+            LogTail::Damaged(Damage {
+                first_lost_index: end.next_index,
+                synced_through: c.next_index.checked_sub(1),
+                synced_term: Some(c.last_term),
+                path: dir.display().to_string(),
+                position: 0,
+                reason: reason.to_string(),
+            })
+        }
+        None => {
+            tracing::warn!(dir = %dir.display(), %reason, "cut segments that do not continue the log");
+            LogTail::Torn
+        }
+    }
+}
+
+/// The Kafka offset and term of a segment's first batch (for a header that is gone).
+fn first_batch_start(seg: &Segment, file_len: u64) -> (i64, u64) {
+    seg.header_at(HEADER_LEN, file_len)
+        .map_or((0, 0), |h| (h.base_offset, h.stored_term()))
+}
+
+fn first_batch_time(seg: &Segment, end: u64) -> i64 {
+    match seg.header_at(HEADER_LEN, end) {
+        Ok(h) if h.max_timestamp >= 0 => h.max_timestamp,
+        _ => i64::MIN,
+    }
+}
+
+/// Checks the index files below `trusted` cheaply (points in order and in bounds, and a header
+/// hop from the last point that lands exactly on `trusted` at the right entry and offset);
+/// drops points past it. If the check fails both indexes are rebuilt by hopping headers (no
+/// CRC: the data itself is trusted). False when even that fails: scan from the start.
+fn trust_prefix(seg: &Segment, trusted: Mark, interval: u64) -> Result<bool, LogError> {
+    let keep = seg.offsets.count_where(|p| u64::from(p.pos) < trusted.len)?;
+    seg.offsets.truncate(keep)?;
+    let rel = seg.rel_kafka(trusted.next_kafka).unwrap_or(u32::MAX);
+    let keep = seg.times.count_where(|p| p.rel_kafka < rel)?;
+    seg.times.truncate(keep)?;
+    if trusted.len == HEADER_LEN {
+        return Ok(true);
+    }
+    let last = seg.offsets.last()?;
+    let (pos, rel_index, starts) = last.map_or((HEADER_LEN, 0, true), |p| {
+        (u64::from(p.pos), u64::from(p.rel_index), p.starts_entry)
+    });
+    if hop_to(seg, pos, rel_index, starts, trusted)? {
+        return Ok(true);
+    }
+    tracing::warn!(path = %seg.path.display(), "index files do not match the log; rebuilding them");
+    seg.offsets.truncate(0)?;
+    seg.times.truncate(0)?;
+    seg.time_index_max.store(i64::MIN, std::sync::atomic::Ordering::Release);
+    let mut points = PointBuilder::default();
+    let mut w = seg.walker(HEADER_LEN, 0, true, trusted.len);
+    while let Some(b) = w.next_header().ok().flatten() {
+        points.observe(seg, &b.header, b.pos, b.rel_index, b.starts_entry, interval)?;
+    }
+    let ok = w.pos == trusted.len && seg.base_index + w.rel_index == trusted.next_index;
+    if !ok {
+        seg.offsets.truncate(0)?;
+        seg.times.truncate(0)?;
+    }
+    Ok(ok)
+}
+
+/// Whether hopping headers from `pos` ends exactly at `target`.
+fn hop_to(seg: &Segment, pos: u64, rel_index: u64, starts: bool, target: Mark) -> Result<bool, LogError> {
+    let mut w = seg.walker(pos, rel_index, starts, target.len);
+    let mut kafka = None;
+    loop {
+        match w.next_header() {
+            Ok(Some(b)) => kafka = Some(b.header.base_offset + b.header.kafka_records()),
+            Ok(None) => break,
+            Err(_) => return Ok(false),
+        }
+    }
+    Ok(w.pos == target.len
+        && w.starts_entry
+        && seg.base_index + w.rel_index == target.next_index
+        && kafka.is_none_or(|k| k == target.next_kafka))
+}
+
+/// Reads and CRC checks every batch from `from` to `file_len`, adding index points, and
+/// returns the end of the last whole valid entry.
+fn scan(seg: &Segment, from: Mark, file_len: u64, interval: u64) -> Result<ScanEnd, LogError> {
+    let mut points = PointBuilder::default();
+    let rel = from.next_index - seg.base_index;
+    let mut w = seg.walker(from.len, rel, true, file_len);
+    let mut end = from;
+    let mut expect_kafka = from.next_kafka;
+    let mut term = from.last_term;
+    // The entry being read: its first batch's term.
+    let mut open_entry: Option<u64> = None;
+    let stop = loop {
+        let b = match w.peek() {
+            Ok(Some(b)) => b,
+            Ok(None) => break None,
+            Err(e) => break Some((w.pos, e.to_string())),
+        };
+        let h = b.header;
+        if h.base_offset != expect_kafka {
+            break Some((b.pos, format!("batch has offset {}, expected {expect_kafka}", h.base_offset)));
+        }
+        let t = h.stored_term();
+        match open_entry {
+            Some(entry_term) if t != entry_term => {
+                break Some((b.pos, format!("batch of term {t} inside an entry of term {entry_term}")))
+            }
+            Some(_) if h.is_control() => break Some((b.pos, "a control batch inside a data entry".into())),
+            None if t < term => {
+                break Some((b.pos, format!("entry of term {t} after term {term}")))
+            }
+            None if h.is_control() && !h.ends_entry() => {
+                break Some((b.pos, "a control batch that does not end its entry".into()))
+            }
+            _ => {}
+        }
+        if let Err(e) = w.batch_bytes(&b) {
+            break Some((b.pos, e.to_string()));
+        }
+        if h.is_control() {
+            let bytes = w.batch_bytes(&b)?;
+            if let Err(e) = batch::decode_control_batch(&bytes) {
+                break Some((b.pos, e.to_string()));
+            }
+        }
+        if let Err(e) = points.observe(seg, &h, b.pos, b.rel_index, b.starts_entry, interval) {
+            break Some((b.pos, e.to_string()));
+        }
+        let _ = w.next_header();
+        expect_kafka += h.kafka_records();
+        open_entry = Some(t);
+        if h.ends_entry() {
+            open_entry = None;
+            term = t;
+            end = Mark {
+                len: w.pos,
+                next_index: seg.base_index + w.rel_index,
+                next_kafka: expect_kafka,
+                last_term: t,
+            };
+        }
+    };
+    let stop = match (stop, open_entry) {
+        (None, Some(_)) => Some((end.len, "the file ends inside an entry".to_string())),
+        (stop, _) => stop,
+    };
+    // Index points past the last whole entry describe cut batches.
+    let keep = seg.offsets.count_where(|p| u64::from(p.pos) < end.len)?;
+    seg.offsets.truncate(keep)?;
+    let rel = seg.rel_kafka(end.next_kafka).unwrap_or(u32::MAX);
+    let keep = seg.times.count_where(|p| p.rel_kafka < rel)?;
+    seg.times.truncate(keep)?;
+    Ok(ScanEnd {
+        end,
+        stop,
+        scanned: file_len.saturating_sub(from.len),
     })
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-/// Segment base offsets in the directory, sorted. Removes a leftover temporary checkpoint and
-/// index files without a log (left by a crash during retention). Returns whether it removed any.
-fn list_segments(dir: &Path) -> Result<(Vec<i64>, bool), LogError> {
-    let mut logs = BTreeSet::new();
+/// Segment first indexes in the directory, sorted. Removes temporary files and index files
+/// without a segment (left by a crash during a purge).
+fn list_segments(fs: &dyn Fs, dir: &Path) -> Result<Vec<u64>, LogError> {
+    let mut logs = std::collections::BTreeSet::new();
     let mut indexes = Vec::new();
-    let mut removed = false;
-    for entry in fs::read_dir(dir).map_err(LogError::io("list log directory", dir))? {
-        let entry = entry.map_err(LogError::io("list log directory", dir))?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if name == CHECKPOINT_TMP {
-            fs::remove_file(entry.path())
-                .map_err(LogError::io("remove temporary checkpoint", &entry.path()))?;
-            removed = true;
-            continue;
-        }
+    for name in fs.list(dir).map_err(LogError::io("list log directory", dir))? {
         let Some((stem, ext)) = name.split_once('.') else {
             continue;
         };
         if stem.len() != 20 || !stem.bytes().all(|b| b.is_ascii_digit()) {
             continue;
         }
-        let Ok(base) = stem.parse::<i64>() else {
+        let Ok(base) = stem.parse::<u64>() else {
             continue;
         };
         match ext {
             "log" => {
                 logs.insert(base);
             }
-            "index" | "timeindex" => indexes.push((base, entry.path())),
+            "index" | "timeindex" => indexes.push((base, dir.join(&name))),
             _ => {}
         }
     }
     for (base, path) in indexes {
         if !logs.contains(&base) {
             tracing::warn!(path = %path.display(), "removing an index file whose segment is gone");
-            fs::remove_file(&path).map_err(LogError::io("remove orphan index", &path))?;
-            removed = true;
+            fs.remove_file(&path)
+                .map_err(LogError::io("remove orphan index", &path))?;
         }
     }
-    Ok((logs.into_iter().collect(), removed))
-}
-
-/// A checkpoint is only usable if it points into a segment that exists and is long enough.
-fn checkpoint_matches(dir: &Path, bases: &[i64], cp: &Checkpoint) -> bool {
-    let len = fs::metadata(segment::log_path(dir, cp.segment_base)).map_or(None, |m| Some(m.len()));
-    let rel_ok = cp
-        .next_offset
-        .checked_sub(cp.segment_base)
-        .is_some_and(|rel| (0..=i64::from(u32::MAX)).contains(&rel));
-    let ok = bases.binary_search(&cp.segment_base).is_ok()
-        && len.is_some_and(|len| len >= cp.position)
-        && rel_ok;
-    if !ok {
-        tracing::warn!(
-            dir = %dir.display(),
-            ?cp,
-            segment_len = ?len,
-            "recovery checkpoint does not match the segments on disk; scanning the whole log"
-        );
-    }
-    ok
-}
-
-/// Trusts the checkpoint segment's indexes below the checkpoint if they pass the cheap checks
-/// and the last offset entry points at the batch it claims. Otherwise the caller scans the
-/// whole segment.
-fn trust_prefix(seg: &Segment, index_ok: bool, cp: &Checkpoint) -> Result<bool, LogError> {
-    let rel = u64::try_from(cp.next_offset - seg.base).unwrap_or(0);
-    if !index_ok {
-        return Ok(false);
-    }
-    seg.index.keep_before(cp.position, rel, cp.max_timestamp)?;
-    if !seg.index.is_consistent(cp.position, rel) {
-        tracing::warn!(path = %seg.path().display(), "index files before the recovery checkpoint are inconsistent; rescanning the segment");
-        return Ok(false);
-    }
-    if let Some(last) = seg.index.last_offset_entry() {
-        let expected = seg.base.saturating_add(i64::from(last.rel));
-        let tail = seg.scan(u64::from(last.pos), expected, cp.position, false, false)?;
-        if tail.end < cp.position {
-            tracing::warn!(path = %seg.path().display(), reason = ?tail.stop, "offset index does not match the log; rescanning the segment");
-            return Ok(false);
-        }
-    }
-    Ok(true)
-}
-
-/// A segment wholly before the checkpoint: cheap checks of its indexes (entries in order and in
-/// bounds, and a hop from the last offset entry must land exactly on the end of the file); if
-/// they fail, rebuild both indexes by hopping batch headers.
-fn recover_trusted(seg: &Segment, index_ok: bool, next_base: Option<i64>) -> Result<(), LogError> {
-    let len = seg.size();
-    let rel_end = next_base.map_or(u64::MAX, |n| u64::try_from(n - seg.base).unwrap_or(0));
-    let problem = if !index_ok {
-        "index file size is not a whole number of entries".to_string()
-    } else if !seg.index.is_consistent(len, rel_end) {
-        "index entries are out of order or out of bounds".to_string()
-    } else if len > 0 && seg.max_timestamp() == i64::MIN {
-        "time index is empty".to_string()
-    } else {
-        let (pos, rel) = seg
-            .index
-            .last_offset_entry()
-            .map_or((0, 0), |e| (u64::from(e.pos), i64::from(e.rel)));
-        let tail = seg.scan(pos, seg.base.saturating_add(rel), u64::MAX, false, false)?;
-        match tail.stop {
-            None if tail.end == len => {
-                seg.set_recovered(tail.next_offset, i64::MIN);
-                warn_if_gap(seg, next_base);
-                return Ok(());
-            }
-            None => "offset index does not lead to the end of the log".to_string(),
-            Some(reason) => format!("offset index does not lead to the end of the log: {reason}"),
-        }
-    };
-    tracing::warn!(path = %seg.path().display(), %problem, "rebuilding segment indexes");
-    seg.index.clear()?;
-    let full = seg.scan(0, seg.base, u64::MAX, false, true)?;
-    if let Some(reason) = full.stop {
-        // Fsynced data is damaged. Cutting it would silently drop acknowledged records; keep it,
-        // reads of the damaged part fail with Corrupt and never serve it.
-        tracing::error!(
-            path = %seg.path().display(),
-            position = full.end,
-            %reason,
-            "segment before the recovery checkpoint is damaged; keeping it"
-        );
-    }
-    seg.set_recovered(full.next_offset, i64::MIN);
-    warn_if_gap(seg, next_base);
-    Ok(())
-}
-
-fn warn_if_gap(seg: &Segment, next_base: Option<i64>) {
-    if let Some(next_base) = next_base.filter(|&n| n != seg.next_offset()) {
-        tracing::error!(
-            path = %seg.path().display(),
-            segment_end = seg.next_offset(),
-            next_base,
-            "offsets are not contiguous between segments before the recovery checkpoint"
-        );
-    }
+    Ok(logs.into_iter().collect())
 }

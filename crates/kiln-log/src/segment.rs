@@ -1,219 +1,228 @@
-//! One segment: `<base>.log` plus its sparse indexes. Positional I/O only (pwrite/pread), so
-//! readers never contend with the appender for a file cursor.
+//! One segment: `<first index>.log` (a [`crate::header`] and then stored batches) and its two
+//! sparse indexes. Positional I/O only, so readers never contend with the appender for a
+//! cursor; the size is published after the bytes are written, so a reader that stays below it
+//! never sees a partial batch.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::ErrorKind;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::batch::{self, BatchHeader, BATCH_HEADER_LEN};
-use crate::index::{index_paths, SegmentIndex};
+use crate::fs::{Fs, FsFile};
+use crate::header::{self, Mark, Slot, HEADER_LEN};
+use crate::index::{IndexFile, OffsetPoint, TimePoint};
 use crate::LogError;
 
-/// Recovery scans read the log in chunks of this size.
-const SCAN_CHUNK: usize = 1 << 20;
+/// Sequential reads (recovery scans, entry reads) go in chunks of this size.
+pub(crate) const READ_CHUNK_BYTES: usize = 1 << 20;
 
-pub(crate) fn log_path(dir: &Path, base: i64) -> PathBuf {
-    dir.join(format!("{base:020}.log"))
+pub(crate) fn log_path(dir: &Path, base_index: u64) -> PathBuf {
+    dir.join(format!("{base_index:020}.log"))
 }
 
-/// A batch about to be appended: where it sits in the append buffer and what the index needs.
-pub(crate) struct Pending {
-    pub buf_pos: usize,
-    pub len: usize,
-    pub base_offset: i64,
-    pub next_offset: i64,
-    pub max_timestamp: i64,
-}
-
-/// Where a recovery scan stopped.
-#[derive(Debug)]
-pub(crate) struct ScanEnd {
-    /// Position just past the last good batch.
-    pub end: u64,
-    /// Offset following the last good batch.
-    pub next_offset: i64,
-    /// Why the scan stopped before the end of the file, if it did.
-    pub stop: Option<String>,
+pub(crate) fn index_paths(dir: &Path, base_index: u64) -> (PathBuf, PathBuf) {
+    (
+        dir.join(format!("{base_index:020}.index")),
+        dir.join(format!("{base_index:020}.timeindex")),
+    )
 }
 
 pub(crate) struct Segment {
-    pub base: i64,
-    path: PathBuf,
-    file: File,
-    /// Bytes of whole batches. Published (Release) only after they are written, so readers that
-    /// stay below it never see a partial batch.
+    pub base_index: u64,
+    pub base_kafka: i64,
+    pub prev_term: u64,
+    pub path: PathBuf,
+    pub file: Arc<dyn FsFile>,
+    pub offsets: IndexFile<OffsetPoint>,
+    pub times: IndexFile<TimePoint>,
+    /// Where the whole entries end (size, next index and Kafka offset, last term). Published
+    /// after the bytes are written.
+    end: Mutex<Mark>,
     size: AtomicU64,
-    next_offset: AtomicI64,
-    /// `now_ms` of the first append, for age-based rolling; `i64::MIN` while empty.
+    /// Largest timestamp of any stored batch (retention's clock); `i64::MIN` for none.
+    max_ts: AtomicI64,
+    /// Largest data-batch timestamp that went into the time index; `i64::MIN` for none.
+    pub time_index_max: AtomicI64,
+    /// `now_ms` of the first append (or, recovered, the first batch's timestamp), for
+    /// age-based rolling; `i64::MIN` while empty.
     first_append_ms: AtomicI64,
-    pub index: SegmentIndex,
+    /// The sequence number of the last header slot written.
+    pub header_seq: AtomicU64,
 }
 
-fn open_log(path: &Path) -> Result<File, LogError> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(LogError::io("open segment", path))
+/// One batch found while walking a segment.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Walked {
+    pub pos: u64,
+    pub header: BatchHeader,
+    /// Relative Raft index of the entry the batch belongs to.
+    pub rel_index: u64,
+    /// Whether the batch is the first of its entry.
+    pub starts_entry: bool,
 }
 
 impl Segment {
-    /// Creates a new, empty segment (its index files start empty too).
-    pub fn create(dir: &Path, base: i64, index_interval: u32) -> Result<Segment, LogError> {
-        let path = log_path(dir, base);
-        let file = open_log(&path)?;
-        let len = file
-            .metadata()
-            .map_err(LogError::io("stat segment", &path))?
-            .len();
+    /// Creates a new segment file with a fresh header (not synced: the caller syncs the file
+    /// and the directory before the segment is relied upon).
+    pub fn create(
+        fs: &dyn Fs,
+        dir: &Path,
+        base_index: u64,
+        base_kafka: i64,
+        prev_term: u64,
+    ) -> Result<Segment, LogError> {
+        let path = log_path(dir, base_index);
+        let (index_path, time_path) = index_paths(dir, base_index);
+        for p in [&index_path, &time_path] {
+            fs.remove_file(p)
+                .map_err(LogError::io("remove stale index", p))?;
+        }
+        let file = fs
+            .open(&path, true)
+            .map_err(LogError::io("create segment", &path))?;
+        let len = file.len().map_err(LogError::io("stat segment", &path))?;
         if len != 0 {
-            // Only possible if recovery failed to remove a stale segment: never overwrite data.
+            // Only if recovery left a stale file behind: never overwrite data.
             return Err(LogError::Io {
                 op: "create segment",
                 path,
                 source: std::io::Error::new(
-                    ErrorKind::AlreadyExists,
+                    std::io::ErrorKind::AlreadyExists,
                     "segment file exists and is not empty",
                 ),
             });
         }
-        let (index, _) = SegmentIndex::open(dir, base, index_interval)?;
-        index.clear()?;
-        Ok(Segment::new(base, path, file, 0, index))
+        file.write_all_at(&header::initial(base_index, base_kafka, prev_term), 0)
+            .map_err(LogError::io("write segment header", &path))?;
+        let offsets = IndexFile::open(fs, index_path)?;
+        let times = IndexFile::open(fs, time_path)?;
+        let end = Mark {
+            len: HEADER_LEN,
+            next_index: base_index,
+            next_kafka: base_kafka,
+            last_term: prev_term,
+        };
+        Ok(Segment::assemble(
+            base_index, base_kafka, prev_term, path, file, offsets, times, end, 1,
+        ))
     }
 
-    /// Opens an existing segment for recovery. Its size is the file's length and its next offset
-    /// unknown until recovery sets it. The flag is false when an index file had a bad size.
-    pub fn open(dir: &Path, base: i64, index_interval: u32) -> Result<(Segment, bool), LogError> {
-        let path = log_path(dir, base);
-        let file = open_log(&path)?;
-        let len = file
-            .metadata()
-            .map_err(LogError::io("stat segment", &path))?
-            .len();
-        let (index, index_ok) = SegmentIndex::open(dir, base, index_interval)?;
-        Ok((Segment::new(base, path, file, len, index), index_ok))
+    /// Opens an existing segment for recovery; its end is set by recovery.
+    pub fn open(fs: &dyn Fs, dir: &Path, base_index: u64) -> Result<(Segment, Option<Slot>, u64), LogError> {
+        let path = log_path(dir, base_index);
+        let (index_path, time_path) = index_paths(dir, base_index);
+        let file = fs
+            .open(&path, false)
+            .map_err(LogError::io("open segment", &path))?;
+        let len = file.len().map_err(LogError::io("stat segment", &path))?;
+        let mut head = vec![0u8; usize::try_from(len.min(HEADER_LEN)).unwrap_or(0)];
+        file.read_exact_at(&mut head, 0)
+            .map_err(LogError::io("read segment header", &path))?;
+        let slot = header::read_best(&head);
+        let offsets = IndexFile::open(fs, index_path)?;
+        let times = IndexFile::open(fs, time_path)?;
+        let (base_kafka, prev_term, seq) = slot.map_or((0, 0, 1), |s| (s.base_kafka, s.prev_term, s.seq));
+        let end = Mark {
+            len: HEADER_LEN,
+            next_index: base_index,
+            next_kafka: base_kafka,
+            last_term: prev_term,
+        };
+        let seg = Segment::assemble(
+            base_index, base_kafka, prev_term, path, file, offsets, times, end, seq,
+        );
+        Ok((seg, slot, len))
     }
 
-    fn new(base: i64, path: PathBuf, file: File, size: u64, index: SegmentIndex) -> Segment {
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        base_index: u64,
+        base_kafka: i64,
+        prev_term: u64,
+        path: PathBuf,
+        file: Arc<dyn FsFile>,
+        offsets: IndexFile<OffsetPoint>,
+        times: IndexFile<TimePoint>,
+        end: Mark,
+        header_seq: u64,
+    ) -> Segment {
         Segment {
-            base,
+            base_index,
+            base_kafka,
+            prev_term,
             path,
             file,
-            size: AtomicU64::new(size),
-            next_offset: AtomicI64::new(base),
+            offsets,
+            times,
+            size: AtomicU64::new(end.len),
+            end: Mutex::new(end),
+            max_ts: AtomicI64::new(i64::MIN),
+            time_index_max: AtomicI64::new(i64::MIN),
             first_append_ms: AtomicI64::new(i64::MIN),
-            index,
+            header_seq: AtomicU64::new(header_seq),
         }
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// Rebases a segment recovered with a damaged header on what the log around it says.
+    pub fn with_base(mut self, base_kafka: i64, prev_term: u64) -> Segment {
+        self.base_kafka = base_kafka;
+        self.prev_term = prev_term;
+        self.set_end(Mark {
+            len: HEADER_LEN,
+            next_index: self.base_index,
+            next_kafka: base_kafka,
+            last_term: prev_term,
+        });
+        self
     }
 
     pub fn size(&self) -> u64 {
         self.size.load(Ordering::Acquire)
     }
 
-    pub fn next_offset(&self) -> i64 {
-        self.next_offset.load(Ordering::Acquire)
+    pub fn end(&self) -> Mark {
+        *self.end.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn max_timestamp(&self) -> i64 {
-        self.index.max_timestamp()
+    /// Publishes a new end (after the bytes up to it are written).
+    pub fn set_end(&self, end: Mark) {
+        *self.end.lock().unwrap_or_else(|p| p.into_inner()) = end;
+        self.size.store(end.len, Ordering::Release);
+    }
+
+    pub fn max_ts(&self) -> i64 {
+        self.max_ts.load(Ordering::Acquire)
+    }
+
+    pub fn observe_ts(&self, ts: i64) {
+        self.max_ts.fetch_max(ts, Ordering::AcqRel);
+    }
+
+    pub fn set_max_ts(&self, ts: i64) {
+        self.max_ts.store(ts, Ordering::Release);
     }
 
     pub fn first_append_ms(&self) -> i64 {
         self.first_append_ms.load(Ordering::Relaxed)
     }
 
-    /// Recovery: the segment ends at `next_offset`; its roll clock starts at `first_append_ms`.
-    pub fn set_recovered(&self, next_offset: i64, first_append_ms: i64) {
-        self.next_offset.store(next_offset, Ordering::Release);
-        self.first_append_ms
-            .store(first_append_ms, Ordering::Relaxed);
+    pub fn set_first_append_ms(&self, ms: i64) {
+        self.first_append_ms.store(ms, Ordering::Relaxed);
     }
 
-    fn rel(&self, offset: i64) -> Option<u32> {
-        u32::try_from(offset.checked_sub(self.base)?).ok()
+    pub fn is_empty(&self) -> bool {
+        self.size() <= HEADER_LEN
     }
 
-    /// Appends already stamped and validated batches at the end of the segment. The caller holds
-    /// the append lock. On a failed write the file is cut back to where it was, so no partial
-    /// batch remains; if even that fails the error is `Poisoned`.
-    pub fn append(
-        &self,
-        buf: &[u8],
-        batches: &[Pending],
-        next_offset: i64,
-        now_ms: i64,
-    ) -> Result<(), LogError> {
-        let pos = self.size();
-        if let Err(e) = self.write_at(buf, pos) {
-            if let Err(cut) = self.file.set_len(pos) {
-                return Err(LogError::Poisoned(format!(
-                    "write to {} failed ({e}) and cutting it back to {pos} failed too ({cut})",
-                    self.path.display()
-                )));
-            }
-            if e.kind() == ErrorKind::StorageFull {
-                return Err(LogError::DiskFull {
-                    path: self.path.clone(),
-                });
-            }
-            return Err(LogError::io("write segment", &self.path)(e));
-        }
-        let mut expected = self.next_offset();
-        for b in batches {
-            debug_assert_eq!(b.base_offset, expected, "offsets only grow, without gaps");
-            let (Some(rel), Ok(at)) = (
-                self.rel(b.base_offset),
-                u32::try_from(pos + b.buf_pos as u64),
-            ) else {
-                // The caller rolls before offsets or positions could overflow u32.
-                debug_assert!(false, "batch outside the segment's u32 range");
-                continue;
-            };
-            self.index.observe(rel, at, b.len as u64, b.max_timestamp);
-            expected = b.next_offset;
-        }
-        debug_assert!(next_offset > self.next_offset(), "offsets only grow");
-        self.next_offset.store(next_offset, Ordering::Release);
-        if self.first_append_ms() == i64::MIN {
-            self.first_append_ms.store(now_ms, Ordering::Relaxed);
-        }
-        self.size.store(pos + buf.len() as u64, Ordering::Release);
-        Ok(())
+    pub fn rel_index(&self, index: u64) -> Option<u32> {
+        u32::try_from(index.checked_sub(self.base_index)?).ok()
     }
 
-    fn write_at(&self, buf: &[u8], pos: u64) -> std::io::Result<()> {
-        #[cfg(test)]
-        if let Some(keep) = fault::take_write_failure() {
-            // Simulate a disk that fills up part way through the write.
-            let part = buf.get(..keep.min(buf.len())).unwrap_or_default();
-            self.file.write_all_at(part, pos)?;
-            return Err(std::io::Error::from(ErrorKind::StorageFull));
-        }
-        self.file.write_all_at(buf, pos)
+    pub fn rel_kafka(&self, offset: i64) -> Option<u32> {
+        u32::try_from(offset.checked_sub(self.base_kafka)?).ok()
     }
 
-    /// fdatasync: makes every byte written so far durable.
-    /// fdatasync of the segment file, timed into the process-wide histogram (`stats`).
-    pub fn sync(&self) -> Result<(), LogError> {
-        let started = std::time::Instant::now();
-        let result = self
-            .file
-            .sync_data()
-            .map_err(LogError::io("fsync segment", &self.path));
-        crate::stats::record_fsync(started.elapsed());
-        result
-    }
-
-    fn corrupt(&self, position: u64, reason: impl Into<String>) -> LogError {
+    pub fn corrupt(&self, position: u64, reason: impl Into<String>) -> LogError {
         LogError::Corrupt {
             path: self.path.clone(),
             position,
@@ -221,18 +230,38 @@ impl Segment {
         }
     }
 
+    /// Writes header slot `slot` (its sequence number picks the place).
+    pub fn write_slot(&self, slot: &Slot) -> Result<(), LogError> {
+        self.file
+            .write_all_at(&slot.encode(), slot.position())
+            .map_err(LogError::io("write segment header", &self.path))?;
+        self.header_seq.fetch_max(slot.seq, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// The next slot sequence number.
+    pub fn next_seq(&self) -> u64 {
+        self.header_seq.load(Ordering::Acquire) + 1
+    }
+
+    /// Reads `len` bytes at `pos`.
+    pub fn read_at(&self, pos: u64, len: usize) -> Result<Vec<u8>, LogError> {
+        let mut buf = vec![0u8; len];
+        self.file
+            .read_exact_at(&mut buf, pos)
+            .map_err(LogError::io("read segment", &self.path))?;
+        Ok(buf)
+    }
+
     /// Reads and checks the header of the batch at `pos`, which must lie wholly below `end`.
-    fn header_at(&self, pos: u64, end: u64) -> Result<BatchHeader, LogError> {
+    pub fn header_at(&self, pos: u64, end: u64) -> Result<BatchHeader, LogError> {
         if pos + BATCH_HEADER_LEN as u64 > end {
             return Err(self.corrupt(
                 pos,
                 format!("batch header cut off by the end of data at {end}"),
             ));
         }
-        let mut buf = [0u8; BATCH_HEADER_LEN];
-        self.file
-            .read_exact_at(&mut buf, pos)
-            .map_err(LogError::io("read segment", &self.path))?;
+        let buf = self.read_at(pos, BATCH_HEADER_LEN)?;
         let header = BatchHeader::parse(&buf).map_err(|e| self.corrupt(pos, e.to_string()))?;
         if pos + header.total_len() as u64 > end {
             return Err(self.corrupt(
@@ -246,257 +275,169 @@ impl Segment {
         Ok(header)
     }
 
-    /// Finds the batch holding `offset` below byte `end`: floor lookup in the sparse index, then
-    /// hop batch headers. `None` when the segment ends first.
-    pub fn find_batch(
-        &self,
-        offset: i64,
-        end: u64,
-    ) -> Result<Option<(u64, BatchHeader)>, LogError> {
-        let rel = self.rel(offset).unwrap_or(u32::MAX);
-        let mut pos = self.index.position_for(rel);
-        while pos < end {
-            let header = self.header_at(pos, end)?;
-            if header.base_offset > offset {
-                return Err(self.corrupt(
-                    pos,
-                    format!(
-                        "batch starts at offset {} past the requested {offset}",
-                        header.base_offset
-                    ),
-                ));
-            }
-            if header.last_offset() >= offset {
-                return Ok(Some((pos, header)));
-            }
-            pos += header.total_len() as u64;
+    /// A walker over the batches from `pos`, which starts a batch of the entry with relative
+    /// index `rel_index` (`starts_entry`: it is that entry's first batch), up to `end`.
+    pub fn walker(&self, pos: u64, rel_index: u64, starts_entry: bool, end: u64) -> Walker<'_> {
+        Walker {
+            seg: self,
+            pos,
+            rel_index,
+            starts_entry,
+            last_term: None,
+            end,
+            chunk: Vec::new(),
+            chunk_at: 0,
         }
-        Ok(None)
     }
 
-    /// Reads whole batches starting with `first` (at `pos`): up to `max_bytes`, but at least the
-    /// first one, never a batch reaching `max_offset`, never past byte `end`. Every batch is
-    /// CRC-checked; returns the bytes and the offset following them (`first.base_offset` if none).
-    pub fn read_batches(
-        &self,
-        pos: u64,
-        first: &BatchHeader,
-        max_bytes: usize,
-        max_offset: i64,
-        end: u64,
-    ) -> Result<(Vec<u8>, i64), LogError> {
-        if first.last_offset() >= max_offset {
-            return Ok((Vec::new(), first.base_offset));
-        }
-        let available = usize::try_from(end.saturating_sub(pos)).unwrap_or(usize::MAX);
-        let want = max_bytes.min(available).max(first.total_len());
-        let mut buf = vec![0u8; want];
-        self.file
-            .read_exact_at(&mut buf, pos)
-            .map_err(LogError::io("read segment", &self.path))?;
-        let mut at = 0usize;
-        let mut next = first.base_offset;
-        while let Some(rest) = buf.get(at..) {
-            if rest.len() < BATCH_HEADER_LEN {
-                break;
-            }
-            let here = pos + at as u64;
-            let header = BatchHeader::parse(rest).map_err(|e| self.corrupt(here, e.to_string()))?;
-            let Some(bytes) = rest.get(..header.total_len()) else {
-                break; // the read window ends inside this batch
-            };
-            if header.base_offset != next {
-                return Err(self.corrupt(
-                    here,
-                    format!("batch has offset {}, expected {next}", header.base_offset),
-                ));
-            }
-            if header.last_offset() >= max_offset {
-                break;
-            }
-            batch::verify_crc(bytes, 0).map_err(|e| self.corrupt(here, e.to_string()))?;
-            at += bytes.len();
-            next = header.next_offset();
-        }
-        debug_assert!(
-            at >= first.total_len(),
-            "the first batch is always returned"
+    /// A walker from the first batch of the entry with index `index` (which this segment must
+    /// hold below `end`): found through the offset index, then by hopping batch headers.
+    pub fn walker_at_index(&self, index: u64, end: u64) -> Result<Walker<'_>, LogError> {
+        let rel = u64::from(
+            self.rel_index(index)
+                .ok_or_else(|| self.corrupt(0, format!("index {index} outside the segment")))?,
         );
-        buf.truncate(at);
-        Ok((buf, next))
-    }
-
-    /// First batch below byte `end` whose max timestamp is >= `ts`.
-    pub fn find_timestamp(&self, ts: i64, end: u64) -> Result<Option<BatchHeader>, LogError> {
-        let rel = self.index.rel_before_timestamp(ts);
-        let mut pos = self.index.position_for(rel);
-        while pos < end {
-            let header = self.header_at(pos, end)?;
-            if header.max_timestamp >= ts {
-                return Ok(Some(header));
-            }
-            pos += header.total_len() as u64;
-        }
-        Ok(None)
-    }
-
-    /// Header of the first batch, if any (recovery uses its timestamp to restart the roll clock).
-    pub fn first_header(&self) -> Option<BatchHeader> {
-        self.header_at(0, self.size()).ok()
-    }
-
-    /// Walks the batches from `from` (which holds offset `expected`) to the end of the file (or
-    /// the first batch boundary at or past `until`), checking headers, contiguous offsets and,
-    /// with `verify_crc`, every CRC. With `build_index` each good batch is added to the indexes.
-    /// Stops at the first bad batch and says why.
-    pub fn scan(
-        &self,
-        from: u64,
-        expected: i64,
-        until: u64,
-        verify_crc: bool,
-        build_index: bool,
-    ) -> Result<ScanEnd, LogError> {
-        let file_len = self.size();
-        let mut reader = ChunkReader::new(&self.file, &self.path, file_len);
-        let mut pos = from;
-        let mut next = expected;
-        let stop = loop {
-            if pos >= file_len || pos >= until {
-                break None;
-            }
-            let Some(head) = reader.get(pos, BATCH_HEADER_LEN)? else {
-                break Some(format!("torn batch header: {} bytes left", file_len - pos));
-            };
-            let header = match BatchHeader::parse(head) {
-                Ok(h) => h,
-                Err(e) => break Some(e.to_string()),
-            };
-            let len = header.total_len();
-            if pos + len as u64 > file_len {
-                break Some(format!(
-                    "torn batch: {len} bytes but only {} left in the file",
-                    file_len - pos
-                ));
-            }
-            if header.base_offset != next {
-                break Some(format!(
-                    "batch has offset {}, expected {next}",
-                    header.base_offset
-                ));
-            }
-            let (Some(rel), Ok(at)) = (self.rel(header.base_offset), u32::try_from(pos)) else {
-                break Some("batch outside the segment's addressable range".to_string());
-            };
-            if verify_crc {
-                let Some(bytes) = reader.get(pos, len)? else {
-                    break Some("torn batch".to_string());
-                };
-                if let Err(e) = batch::verify_crc(bytes, 0) {
-                    break Some(e.to_string());
-                }
-            }
-            if build_index {
-                self.index
-                    .observe(rel, at, len as u64, header.max_timestamp);
-            }
-            pos += len as u64;
-            next = header.next_offset();
+        let point = if rel == 0 {
+            None
+        } else {
+            self.offsets
+                .floor(|p| u64::from(p.rel_index) < rel && u64::from(p.pos) < end)?
         };
-        Ok(ScanEnd {
-            end: pos,
-            next_offset: next,
-            stop,
-        })
+        let mut w = match point {
+            Some(p) => self.walker(u64::from(p.pos), u64::from(p.rel_index), p.starts_entry, end),
+            None => self.walker(HEADER_LEN, 0, true, end),
+        };
+        loop {
+            if w.rel_index == rel && w.starts_entry {
+                return Ok(w);
+            }
+            if w.rel_index > rel || w.pos >= end {
+                return Err(self.corrupt(w.pos, format!("no entry {index} where the index points")));
+            }
+            if w.next_header()?.is_none() {
+                return Err(self.corrupt(w.pos, format!("entry {index} not found")));
+            }
+        }
     }
 
-    /// Cuts the file back to `pos` and makes that durable (recovery only).
-    pub fn truncate(&self, pos: u64) -> Result<(), LogError> {
-        self.file
-            .set_len(pos)
-            .map_err(LogError::io("truncate segment", &self.path))?;
-        self.file
-            .sync_all()
-            .map_err(LogError::io("fsync segment", &self.path))?;
-        self.size.store(pos, Ordering::Release);
-        Ok(())
+    /// A walker from the data batch holding Kafka `offset` (or the first data batch after it,
+    /// past control batches), below `end`; `None` when the segment ends first.
+    pub fn walker_at_kafka(&self, offset: i64, end: u64) -> Result<Option<Walker<'_>>, LogError> {
+        let rel = self.rel_kafka(offset).unwrap_or(u32::MAX);
+        let point = self
+            .offsets
+            .floor(|p| p.rel_kafka <= rel && u64::from(p.pos) < end)?;
+        let mut w = match point {
+            Some(p) => self.walker(u64::from(p.pos), u64::from(p.rel_index), p.starts_entry, end),
+            None => self.walker(HEADER_LEN, 0, true, end),
+        };
+        loop {
+            let Some(h) = w.peek()? else {
+                return Ok(None);
+            };
+            if h.header.base_offset > offset && !h.header.is_control() {
+                // The batch holding `offset` is gone (retention) or `offset` is past a gap.
+                return Ok(Some(w));
+            }
+            if !h.header.is_control() && h.header.last_offset() >= offset {
+                return Ok(Some(w));
+            }
+            w.next_header()?;
+        }
     }
 }
 
-/// Removes the files of the segment at `base`; returns the size of its log file.
-/// Readers still holding the segment keep reading: on Linux an unlinked file lives until closed.
-pub(crate) fn remove_files(dir: &Path, base: i64) -> Result<u64, LogError> {
-    let path = log_path(dir, base);
-    let size = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-    let (index, timeindex) = index_paths(dir, base);
-    for p in [&path, &index, &timeindex] {
-        match fs::remove_file(p) {
-            Ok(()) => {}
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => return Err(LogError::io("delete segment file", p)(e)),
+/// Hops batch headers forward through a segment, reading in chunks, tracking which entry each
+/// batch belongs to (the [`batch::ENTRY_END`] flag closes an entry).
+pub(crate) struct Walker<'a> {
+    seg: &'a Segment,
+    pub pos: u64,
+    pub rel_index: u64,
+    pub starts_entry: bool,
+    /// Term of the last batch walked past (`None` before the first).
+    pub last_term: Option<u64>,
+    end: u64,
+    chunk: Vec<u8>,
+    chunk_at: u64,
+}
+
+impl Walker<'_> {
+    /// Bytes `[pos, pos + len)` of the segment, from the chunk buffer when it holds them.
+    pub fn bytes(&mut self, pos: u64, len: usize) -> Result<&[u8], LogError> {
+        let want_end = pos + len as u64;
+        let buffered = pos >= self.chunk_at && want_end <= self.chunk_at + self.chunk.len() as u64;
+        if !buffered {
+            let left = usize::try_from(self.end.saturating_sub(pos)).unwrap_or(usize::MAX);
+            let n = len.max(READ_CHUNK_BYTES).min(left).max(len);
+            self.chunk = self.seg.read_at(pos, n)?;
+            self.chunk_at = pos;
         }
+        let from = usize::try_from(pos - self.chunk_at).unwrap_or(usize::MAX);
+        self.chunk
+            .get(from..from + len)
+            .ok_or_else(|| self.seg.corrupt(pos, "read past the buffered chunk"))
+    }
+
+    /// The batch at the walker's position, without moving; `None` at the end.
+    pub fn peek(&mut self) -> Result<Option<Walked>, LogError> {
+        if self.pos >= self.end {
+            return Ok(None);
+        }
+        if self.pos + BATCH_HEADER_LEN as u64 > self.end {
+            return Err(self.seg.corrupt(self.pos, "batch header cut off by the end of data"));
+        }
+        let (pos, end) = (self.pos, self.end);
+        let head = self.bytes(pos, BATCH_HEADER_LEN)?;
+        let header = BatchHeader::parse(head).map_err(|e| self.seg.corrupt(pos, e.to_string()))?;
+        if pos + header.total_len() as u64 > end {
+            return Err(self.seg.corrupt(pos, "batch runs past the end of data"));
+        }
+        Ok(Some(Walked {
+            pos,
+            header,
+            rel_index: self.rel_index,
+            starts_entry: self.starts_entry,
+        }))
+    }
+
+    /// The batch at the walker's position, moving past it.
+    pub fn next_header(&mut self) -> Result<Option<Walked>, LogError> {
+        let Some(w) = self.peek()? else {
+            return Ok(None);
+        };
+        self.pos += w.header.total_len() as u64;
+        self.last_term = Some(w.header.stored_term());
+        if w.header.ends_entry() {
+            self.rel_index += 1;
+            self.starts_entry = true;
+        } else {
+            self.starts_entry = false;
+        }
+        Ok(Some(w))
+    }
+
+    /// The whole bytes of a batch found by [`Walker::peek`] / [`Walker::next_header`], CRC
+    /// checked (corrupt data is never returned).
+    pub fn batch_bytes(&mut self, w: &Walked) -> Result<Vec<u8>, LogError> {
+        let len = w.header.total_len();
+        let seg = self.seg;
+        let bytes = self.bytes(w.pos, len)?.to_vec();
+        batch::verify_crc(&bytes, 0).map_err(|e| seg.corrupt(w.pos, e.to_string()))?;
+        Ok(bytes)
+    }
+}
+
+/// Removes the files of the segment at `base_index`; returns the log file's size.
+pub(crate) fn remove_files(fs: &dyn Fs, dir: &Path, base_index: u64) -> Result<u64, LogError> {
+    let path = log_path(dir, base_index);
+    let size = fs
+        .open(&path, false)
+        .and_then(|f| f.len())
+        .unwrap_or(0);
+    let (index, time) = index_paths(dir, base_index);
+    for p in [&path, &index, &time] {
+        fs.remove_file(p)
+            .map_err(LogError::io("delete segment file", p))?;
     }
     Ok(size)
-}
-
-/// Sequential reads in large chunks, for recovery scans.
-struct ChunkReader<'a> {
-    file: &'a File,
-    path: &'a Path,
-    file_len: u64,
-    buf: Vec<u8>,
-    start: u64,
-}
-
-impl<'a> ChunkReader<'a> {
-    fn new(file: &'a File, path: &'a Path, file_len: u64) -> Self {
-        ChunkReader {
-            file,
-            path,
-            file_len,
-            buf: Vec::new(),
-            start: 0,
-        }
-    }
-
-    /// Bytes [pos, pos + len), or `None` when they run past the end of the file.
-    fn get(&mut self, pos: u64, len: usize) -> Result<Option<&[u8]>, LogError> {
-        let Some(end) = pos.checked_add(len as u64) else {
-            return Ok(None);
-        };
-        if end > self.file_len {
-            return Ok(None);
-        }
-        let buffered = pos >= self.start && end <= self.start + self.buf.len() as u64;
-        if !buffered {
-            let left = usize::try_from(self.file_len - pos).unwrap_or(usize::MAX);
-            let want = len.max(SCAN_CHUNK).min(left);
-            self.buf.resize(want, 0);
-            self.file
-                .read_exact_at(&mut self.buf, pos)
-                .map_err(LogError::io("read segment", self.path))?;
-            self.start = pos;
-        }
-        let from = usize::try_from(pos - self.start).unwrap_or(usize::MAX);
-        Ok(self.buf.get(from..from.saturating_add(len)))
-    }
-}
-
-/// Test-only fault injection: make the next segment write on this thread write only part of
-/// its bytes and then fail with ENOSPC.
-#[cfg(test)]
-pub(crate) mod fault {
-    use std::cell::Cell;
-
-    thread_local! {
-        static FAIL_AFTER: Cell<Option<usize>> = const { Cell::new(None) };
-    }
-
-    pub fn fail_next_write_after(bytes: usize) {
-        FAIL_AFTER.with(|f| f.set(Some(bytes)));
-    }
-
-    pub(super) fn take_write_failure() -> Option<usize> {
-        FAIL_AFTER.with(|f| f.take())
-    }
 }

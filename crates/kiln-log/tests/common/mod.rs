@@ -1,11 +1,14 @@
-//! Test helpers: build valid Kafka RecordBatch v2 bytes, decode them back, and copy a live
-//! partition directory to simulate a crash.
+//! Test helpers: build valid Kafka RecordBatch v2 bytes and decode them back, open logs on the
+//! real or the simulated file system, append entries and read everything back.
 #![allow(clippy::unwrap_used, dead_code)]
 
-use std::fs;
 use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
 
-use kiln_log::{BatchHeader, FlushPolicy, LogConfig, PartitionLog};
+use kiln_log::fs::{Fs, RealFs};
+use kiln_log::sim_fs::{SimFs, SyncBehaviour};
+use kiln_log::{BatchHeader, ControlKind, EntryBody, Log, LogConfig, NewEntry, ReadMode, StoredBody};
 
 /// A record as the tests see it: key, value, timestamp (ms).
 pub type Rec = (Option<Vec<u8>>, Option<Vec<u8>>, i64);
@@ -142,8 +145,8 @@ pub fn split_batches(mut buf: &[u8]) -> Vec<Vec<u8>> {
     out
 }
 
-/// Reads the whole log from its start, in `max_bytes` chunks, up to `max_offset`.
-pub fn read_all(log: &PartitionLog, max_bytes: usize, max_offset: i64) -> Vec<Vec<u8>> {
+/// Reads every data batch from the logical start up to `max_offset`, in `max_bytes` chunks.
+pub fn read_all(log: &Log, max_bytes: usize, max_offset: i64) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     let mut offset = log.log_start_offset();
     loop {
@@ -161,40 +164,77 @@ pub fn read_all(log: &PartitionLog, max_bytes: usize, max_offset: i64) -> Vec<Ve
 /// Small segments, a small index interval and frequent checkpoints, to exercise everything.
 pub fn small_config() -> LogConfig {
     LogConfig {
-        segment_bytes: 4096,
+        segment_bytes: 4096 + 4096,
         index_interval_bytes: 256,
         checkpoint_interval_bytes: 1024,
         retention_ms: None,
-        flush: FlushPolicy::EveryBatch,
         ..LogConfig::default()
     }
 }
 
-/// Copies every file of a live partition directory: what a crash that keeps the page cache
-/// (a process kill) would leave behind. Fsynced data is a subset of it.
-pub fn copy_dir(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for entry in fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        // A checkpoint rename may race with the listing; a vanished temp file is fine.
-        let _ = fs::copy(entry.path(), to.join(entry.file_name()));
-    }
+pub fn sim() -> SimFs {
+    SimFs::new(Duration::from_millis(1), SyncBehaviour::Honest)
 }
 
-/// Path of the segment with the largest base offset.
-pub fn last_segment(dir: &Path) -> std::path::PathBuf {
-    let mut logs: Vec<_> = fs::read_dir(dir)
+pub fn open_real(dir: &Path, config: LogConfig) -> (Log, kiln_log::RecoveryReport) {
+    Log::open(Arc::new(RealFs) as Arc<dyn Fs>, dir, config).unwrap()
+}
+
+pub fn open_sim(fs: &SimFs, config: LogConfig) -> (Log, kiln_log::RecoveryReport) {
+    Log::open(Arc::new(fs.clone()) as Arc<dyn Fs>, Path::new("/log"), config).unwrap()
+}
+
+/// What a test appends: records (one batch per record count) or a control payload.
+#[derive(Debug, Clone)]
+pub enum Spec {
+    Data(Vec<Vec<u8>>),
+    Control(ControlKind, Vec<u8>),
+}
+
+/// Appends one entry at the tail in `term`.
+pub fn append(log: &Log, term: u64, spec: &Spec) {
+    let index = log.tail().next_index;
+    let body = match spec {
+        Spec::Data(batches) => batches.concat(),
+        Spec::Control(_, p) => p.clone(),
+    };
+    let entry = NewEntry {
+        index,
+        term,
+        body: match spec {
+            Spec::Data(_) => EntryBody::Records(&body),
+            Spec::Control(kind, _) => EntryBody::Control(*kind, &body),
+        },
+    };
+    log.append(&[entry], 1_000).unwrap();
+}
+
+/// A data entry of `batches` batches of `records` records each, values filled with `fill`.
+pub fn data(batches: usize, records: usize, fill: u8) -> Spec {
+    Spec::Data((0..batches).map(|_| batch_of(records, 100, fill, 1_000)).collect())
+}
+
+/// Every entry of the log as (index, term, kafka offset, records or -1 for control).
+pub fn entries(log: &Log) -> Vec<(u64, u64, i64, i64)> {
+    let (first, _) = log.first();
+    let tail = log.tail().next_index;
+    log.read_entries(first, tail, usize::MAX, ReadMode::Full)
         .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .collect();
-    logs.sort();
-    logs.pop().unwrap()
+        .into_iter()
+        .map(|e| {
+            let n = match &e.body {
+                StoredBody::Control { .. } => -1,
+                _ => i64::from(e.kafka_records()),
+            };
+            (e.index, e.term, e.kafka_offset, n)
+        })
+        .collect()
 }
 
 pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .start_paused(true)
         .build()
         .unwrap()
         .block_on(f)
