@@ -9,10 +9,12 @@
 //! Everything here reads untrusted bytes, so every access is checked: no input can make it panic.
 //!
 //! Two fields that the CRC does not cover carry the log's own bookkeeping on disk (docs/storage.md,
-//! "Entries"): `baseOffset` is the Kafka offset of the batch's first record, stamped on append,
-//! and `partitionLeaderEpoch` is the Raft term the batch was written in, with bit 31
-//! ([`ENTRY_END`]) set on the last batch of each Raft entry. Reads stamp the plain term back
-//! before a batch leaves the log. A control batch (attributes bit 5) holds one record whose key
+//! "Entries"): `partitionLeaderEpoch` is the Raft term the batch was written in, with bit 31
+//! ([`ENTRY_END`]) set on the last batch of each Raft entry, and `baseOffset` holds the Kafka
+//! offset of the batch's first record in its low 48 bits and, in its top 16, a check over the
+//! bookkeeping fields (offset, epoch field, length, CRC), so damage to the bytes the CRC does
+//! not cover is found too ([`stamp_stored`], [`BatchHeader::from_stored`]). Reads stamp the plain
+//! offset and term back before a batch leaves the log. A control batch (attributes bit 5) holds one record whose key
 //! is `[version i16 = 0][kind u16]` and whose value is the log's payload (a Raft-only entry: see
 //! [`ControlKind`]); it takes no Kafka offset (its `baseOffset` is the offset of the next data
 //! record) and is never served to a client.
@@ -34,6 +36,8 @@ pub const ATTR_CONTROL: i16 = 0x20;
 pub const ENTRY_END: u32 = 1 << 31;
 /// Terms are stored in the 31 bits below [`ENTRY_END`].
 pub const TERM_MAX: u64 = (ENTRY_END - 1) as u64;
+/// A stored batch's Kafka offset takes the low 48 bits of `baseOffset`.
+pub const STORED_OFFSET_MAX: i64 = (1 << 48) - 1;
 
 const BATCH_LENGTH_AT: usize = 8;
 const PARTITION_LEADER_EPOCH_AT: usize = 12;
@@ -207,6 +211,22 @@ impl BatchHeader {
         }
     }
 
+    /// A stored batch's header with its plain Kafka offset, once the check over its bookkeeping
+    /// fields holds (an error names what disagrees).
+    pub fn from_stored(mut self) -> Result<BatchHeader, String> {
+        let raw = self.base_offset as u64;
+        let kafka = (raw & STORED_OFFSET_MAX as u64) as i64;
+        let check = (raw >> 48) as u16;
+        let want = stored_check(kafka, self.partition_leader_epoch as u32, self.batch_length, self.crc);
+        if check != want {
+            return Err(format!(
+                "bookkeeping check {check:#06x} does not match {want:#06x} (offset, term or entry flag damaged)"
+            ));
+        }
+        self.base_offset = kafka;
+        Ok(self)
+    }
+
     /// The Raft term of a stored batch (its `partitionLeaderEpoch` without [`ENTRY_END`]).
     pub fn stored_term(&self) -> u64 {
         u64::from(self.partition_leader_epoch as u32 & !ENTRY_END)
@@ -318,6 +338,32 @@ impl<'a> Iterator for Batches<'a> {
         }
         Some(result)
     }
+}
+
+/// The check a stored batch carries in the top 16 bits of `baseOffset`.
+fn stored_check(kafka: i64, epoch_field: u32, batch_length: i32, crc: u32) -> u16 {
+    let mut b = [0u8; 20];
+    b[..8].copy_from_slice(&kafka.to_be_bytes());
+    b[8..12].copy_from_slice(&epoch_field.to_be_bytes());
+    b[12..16].copy_from_slice(&batch_length.to_be_bytes());
+    b[16..].copy_from_slice(&crc.to_be_bytes());
+    let c = crc32c::crc32c(&b);
+    (c ^ (c >> 16)) as u16
+}
+
+/// Stamps a batch for storage: its Kafka offset (at most [`STORED_OFFSET_MAX`]) and the check in
+/// `baseOffset`, the stored epoch field (term and [`ENTRY_END`]) in `partitionLeaderEpoch`.
+/// Returns false when `batch` is too short or the offset does not fit.
+pub fn stamp_stored(batch: &mut [u8], kafka: i64, epoch_field: u32) -> bool {
+    let Ok(header) = BatchHeader::parse(batch) else {
+        return false;
+    };
+    if !(0..=STORED_OFFSET_MAX).contains(&kafka) {
+        return false;
+    }
+    let check = stored_check(kafka, epoch_field, header.batch_length, header.crc);
+    let stored = (kafka as u64) | (u64::from(check) << 48);
+    set_partition_leader_epoch(batch, epoch_field) && set_base_offset(batch, stored as i64)
 }
 
 /// Overwrites the `partitionLeaderEpoch` field. Returns false when `batch` is too short.
@@ -569,6 +615,29 @@ mod tests {
         let mut long_len = good;
         long_len[8..12].copy_from_slice(&i32::MAX.to_be_bytes());
         assert!(validate_batches(&long_len).is_err());
+    }
+
+    #[test]
+    fn stored_bookkeeping_is_checked() {
+        let mut b = raw_batch(10, 2);
+        assert!(stamp_stored(&mut b, 12_345, 7 | ENTRY_END));
+        let h = BatchHeader::parse(&b).unwrap().from_stored().unwrap();
+        assert_eq!((h.base_offset, h.stored_term(), h.ends_entry()), (12_345, 7, true));
+        verify_crc(&b, 0).unwrap();
+        // Any flipped bit in the offset, the epoch field or the length is caught.
+        for byte in 0..16 {
+            for bit in 0..8 {
+                let mut bad = b.clone();
+                bad[byte] ^= 1 << bit;
+                let parsed = BatchHeader::parse(&bad).map(|h| h.from_stored());
+                assert!(!matches!(parsed, Ok(Ok(h)) if h == BatchHeader::parse(&b).unwrap().from_stored().unwrap()), "byte {byte} bit {bit}");
+                if byte < 8 || (12..16).contains(&byte) {
+                    assert!(matches!(parsed, Ok(Err(_))), "byte {byte} bit {bit}");
+                }
+            }
+        }
+        assert!(!stamp_stored(&mut b, STORED_OFFSET_MAX + 1, 1));
+        assert!(!stamp_stored(&mut b, -1, 1));
     }
 
     #[test]

@@ -17,6 +17,9 @@ pub struct LogConfig {
     /// At most this much fsynced data lies past a segment's checkpoint, which bounds the scan
     /// on open.
     pub checkpoint_interval_bytes: u64,
+    /// CRC-check every segment on open, not only what lies past the checkpoints (also done
+    /// once after a read found damage: see `Log::read`).
+    pub verify_all_on_open: bool,
 }
 
 impl Default for LogConfig {
@@ -28,6 +31,7 @@ impl Default for LogConfig {
             retention_bytes: None,
             index_interval_bytes: 4096,
             checkpoint_interval_bytes: 64 << 20,
+            verify_all_on_open: false,
         }
     }
 }

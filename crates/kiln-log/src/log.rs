@@ -279,6 +279,21 @@ impl Log {
         ))
     }
 
+    /// The error for a failed fsync: a full disk is reported as such (the caller cuts back with
+    /// [`Log::rewind_unsynced`] and writes again: after a failed fsync the kernel may have
+    /// dropped the pages, so a retried fsync alone could claim data it lost); anything else
+    /// poisons the log.
+    fn sync_failed(&self, e: std::io::Error, what: &str) -> LogError {
+        let full = e.kind() == std::io::ErrorKind::StorageFull
+            || matches!(e.raw_os_error(), Some(28 | 122));
+        if full {
+            return LogError::DiskFull {
+                path: PathBuf::from(what),
+            };
+        }
+        self.poison(format!("fsync {what}: {e}"))
+    }
+
     fn poison(&self, reason: String) -> LogError {
         tracing::error!(dir = %self.inner.dir.display(), %reason, "fsync failed; the log refuses writes until it is reopened");
         lock(&self.inner.poisoned).get_or_insert(reason.clone());
@@ -358,10 +373,12 @@ impl Log {
     }
 
     /// Stamps and writes `entries` (indexes consecutive from the tail, terms not decreasing)
-    /// after the tail, without an fsync. On an error nothing of the failed entry is visible;
-    /// earlier entries of the call may be: [`Log::rewind_unsynced`] cuts back to the last sync.
-    pub fn append(&self, entries: &[NewEntry<'_>], now_ms: i64) -> Result<(), LogError> {
+    /// after the tail, without an fsync, and returns each entry's bytes as stored. On an error
+    /// nothing of the failed entry is visible; earlier entries of the call may be:
+    /// [`Log::rewind_unsynced`] cuts back to the last sync.
+    pub fn append(&self, entries: &[NewEntry<'_>], now_ms: i64) -> Result<Vec<Bytes>, LogError> {
         self.check_poison()?;
+        let mut stored = Vec::with_capacity(entries.len());
         let mut st = lock(&self.inner.append);
         for entry in entries {
             let end = st.active.end();
@@ -382,8 +399,9 @@ impl Log {
                 self.roll(&mut st)?;
             }
             self.write_entry(&mut st, entry, &bytes, records, now_ms)?;
+            stored.push(Bytes::from(bytes));
         }
-        Ok(())
+        Ok(stored)
     }
 
     fn should_roll(&self, st: &AppendState, len: u64, records: u64, now_ms: i64) -> bool {
@@ -459,9 +477,13 @@ impl Log {
         let mut first = true;
         for b in batch::batches(bytes) {
             let b = b?;
+            let header = b
+                .header
+                .from_stored()
+                .map_err(|e| seg.corrupt(end.len + at as u64, e))?;
             st.points.observe(
                 &seg,
-                &b.header,
+                &header,
                 end.len + at as u64,
                 rel_index,
                 first,
@@ -536,7 +558,7 @@ impl Log {
         }
         self.write_claim(&active)?;
         if let Err(e) = active.file.sync().await {
-            return Err(self.poison(format!("fsync {}: {e}", active.path.display())));
+            return Err(self.sync_failed(e, &active.path.display().to_string()));
         }
         let checkpoint_due = {
             let mut d = lock(&self.inner.durable);
@@ -615,7 +637,7 @@ impl Log {
             .file
             .sync()
             .await
-            .map_err(|e| self.poison(format!("fsync {}: {e}", active.path.display())))
+            .map_err(|e| self.sync_failed(e, &active.path.display().to_string()))
     }
 
     /// Seals a rolled-off segment: its data and indexes fsynced, then a slot saying it is
@@ -623,7 +645,7 @@ impl Log {
     async fn seal(&self, seg: &Segment) -> Result<(), LogError> {
         for f in [&seg.file, seg.offsets.file(), seg.times.file()] {
             if let Err(e) = f.sync().await {
-                return Err(self.poison(format!("fsync {}: {e}", f.describe())));
+                return Err(self.sync_failed(e, &f.describe()));
             }
         }
         let end = seg.end();
@@ -641,7 +663,7 @@ impl Log {
         seg.file
             .sync()
             .await
-            .map_err(|e| self.poison(format!("fsync {}: {e}", seg.path.display())))
+            .map_err(|e| self.sync_failed(e, &seg.path.display().to_string()))
     }
 
     /// Removes every entry from `index` on (a conflicting, uncommitted tail), durably: the
@@ -854,6 +876,21 @@ impl Log {
         Ok(())
     }
 
+    /// A read found damage: it is never served, and the next open CRC-checks every segment
+    /// (and so cuts the damage and reports it, for the replica to be repaired).
+    fn noticed(&self, e: LogError) -> LogError {
+        if let LogError::Corrupt { path, position, reason } = &e {
+            tracing::error!(path = %path.display(), position, %reason, "damaged log data found on read; it is not served, and the next start checks every segment");
+            let marker = self.inner.dir.join(crate::recovery::VERIFY_MARKER);
+            if !self.inner.fs.exists(&marker) {
+                if let Err(w) = crate::fs::write_atomic(self.inner.fs.as_ref(), &marker, b"damage found on read\n") {
+                    tracing::warn!(error = %w, "could not leave the verify marker");
+                }
+            }
+        }
+        e
+    }
+
     fn segment_for_index(&self, index: u64) -> Option<Arc<Segment>> {
         read_lock(&self.inner.segments)
             .range(..=index)
@@ -865,6 +902,17 @@ impl Log {
     /// gathered; at least one when any exists). Data batches are CRC checked in
     /// [`ReadMode::Full`]; a bad one is an error, never returned.
     pub fn read_entries(
+        &self,
+        from: u64,
+        to: u64,
+        max_bytes: usize,
+        mode: ReadMode,
+    ) -> Result<Vec<StoredEntry>, LogError> {
+        self.read_entries_inner(from, to, max_bytes, mode)
+            .map_err(|e| self.noticed(e))
+    }
+
+    fn read_entries_inner(
         &self,
         from: u64,
         to: u64,
@@ -931,6 +979,11 @@ impl Log {
     /// passes the high watermark), control batches left out. Every batch is CRC checked and its
     /// epoch field set to its term.
     pub fn read(&self, offset: i64, max_bytes: usize, max_offset: i64) -> Result<ReadResult, LogError> {
+        self.read_inner(offset, max_bytes, max_offset)
+            .map_err(|e| self.noticed(e))
+    }
+
+    fn read_inner(&self, offset: i64, max_bytes: usize, max_offset: i64) -> Result<ReadResult, LogError> {
         let log_start = self.log_start_offset();
         let log_end = self.log_end_offset();
         let out_of_range = || LogError::OffsetOutOfRange {
@@ -991,6 +1044,7 @@ impl Log {
                 let mut bytes = w.batch_bytes(&b)?;
                 let term = u32::try_from(b.header.stored_term()).unwrap_or(u32::MAX);
                 batch::set_partition_leader_epoch(&mut bytes, term);
+                batch::set_base_offset(&mut bytes, b.header.base_offset);
                 out.extend_from_slice(&bytes);
                 next = b.header.next_offset();
             }
@@ -1140,11 +1194,18 @@ pub const HEADER_CLAIM_DELAY: Duration = Duration::from_millis(5);
 /// offsets it takes.
 fn stamp(entry: &NewEntry<'_>, kafka: i64, now_ms: i64) -> Result<(Vec<u8>, u64), LogError> {
     let term = u32::try_from(entry.term).map_err(|_| LogError::OutOfOrder(format!("term {} too large", entry.term)))?;
+    if kafka > batch::STORED_OFFSET_MAX {
+        return Err(LogError::OutOfOrder(format!(
+            "Kafka offset {kafka} is past the largest a log stores ({})",
+            batch::STORED_OFFSET_MAX
+        )));
+    }
     match entry.body {
-        EntryBody::Control(kind, payload) => Ok((
-            batch::encode_control_batch(kafka, term | ENTRY_END, now_ms, kind, payload),
-            0,
-        )),
+        EntryBody::Control(kind, payload) => {
+            let mut b = batch::encode_control_batch(kafka, term | ENTRY_END, now_ms, kind, payload);
+            batch::stamp_stored(&mut b, kafka, term | ENTRY_END);
+            Ok((b, 0))
+        }
         EntryBody::Records(buf) => {
             let found = batch::validate_batches(buf)?;
             let mut owned = buf.to_vec();
@@ -1157,9 +1218,13 @@ fn stamp(entry: &NewEntry<'_>, kafka: i64, now_ms: i64) -> Result<(Vec<u8>, u64)
                         reason: "batch outside the buffer".into(),
                     });
                 };
-                batch::set_base_offset(rest, next);
                 let field = if i == last { term | ENTRY_END } else { term };
-                batch::set_partition_leader_epoch(rest, field);
+                if next > batch::STORED_OFFSET_MAX || !batch::stamp_stored(rest, next, field) {
+                    return Err(LogError::OutOfOrder(format!(
+                        "Kafka offset {next} is past the largest a log stores ({})",
+                        batch::STORED_OFFSET_MAX
+                    )));
+                }
                 next += i64::from(b.header.record_count);
             }
             Ok((owned, (next - kafka) as u64))

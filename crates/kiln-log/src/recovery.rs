@@ -86,10 +86,19 @@ struct ScanEnd {
     scanned: u64,
 }
 
+/// Present in a log directory when a read found damage: the next open CRC-checks everything.
+pub(crate) const VERIFY_MARKER: &str = "verify-on-open";
+
 pub(crate) fn recover(fs: &dyn Fs, dir: &Path, config: &LogConfig) -> Result<Recovered, LogError> {
     let started = Instant::now();
     fs.create_dir_all(dir)
         .map_err(LogError::io("create log directory", dir))?;
+    let marker = dir.join(VERIFY_MARKER);
+    let marked = fs.exists(&marker);
+    let verify_all = config.verify_all_on_open || marked;
+    if marked {
+        tracing::warn!(dir = %dir.display(), "a read found damage: checking every segment");
+    }
     let bases = list_segments(fs, dir)?;
     let interval = u64::from(config.index_interval_bytes);
     let mut found = Vec::with_capacity(bases.len());
@@ -183,7 +192,11 @@ pub(crate) fn recover(fs: &dyn Fs, dir: &Path, config: &LogConfig) -> Result<Rec
             None => (seg.end(), i64::MIN),
         };
         let mut scan_from = trusted;
-        if trusted.len > file_len {
+        if verify_all {
+            scan_from = seg.end();
+            seg.offsets.truncate(0)?;
+            seg.times.truncate(0)?;
+        } else if trusted.len > file_len {
             // Even the trusted part is gone: rebuild from the start to see what is left.
             scan_from = seg.end();
             seg.offsets.truncate(0)?;
@@ -196,6 +209,18 @@ pub(crate) fn recover(fs: &dyn Fs, dir: &Path, config: &LogConfig) -> Result<Rec
             let last_ts = seg.times.last()?.map_or(i64::MIN, |p| p.ts);
             seg.time_index_max.store(last_ts, std::sync::atomic::Ordering::Release);
         }
+        if slot.is_some_and(|s| s.sealed) && !is_last && file_len > trusted.len && scan_from == trusted {
+            // Bytes after a seal were never part of the log.
+            tracing::warn!(path = %seg.path.display(), extra = file_len - trusted.len, "cutting bytes past a sealed segment's end");
+            seg.file
+                .set_len(trusted.len)
+                .map_err(LogError::io("truncate segment", &seg.path))?;
+        }
+        let file_len = if slot.is_some_and(|s| s.sealed) && !is_last && scan_from == trusted {
+            trusted.len.min(file_len)
+        } else {
+            file_len
+        };
         let sealed_whole = slot.is_some_and(|s| s.sealed) && scan_from == trusted && trusted.len == file_len && !is_last;
         let scan = if sealed_whole {
             ScanEnd {
@@ -280,6 +305,11 @@ pub(crate) fn recover(fs: &dyn Fs, dir: &Path, config: &LogConfig) -> Result<Rec
                     .map_err(LogError::io("fsync recovered segment", &seg.path))?;
             }
         }
+    }
+    if marked {
+        fs.remove_file(&marker)
+            .map_err(LogError::io("remove verify marker", &marker))?;
+        dir_changed = true;
     }
     if dir_changed {
         fs.sync_dir(dir).map_err(LogError::io("fsync directory", dir))?;
@@ -524,7 +554,7 @@ fn list_segments(fs: &dyn Fs, dir: &Path) -> Result<Vec<u64>, LogError> {
             continue;
         };
         match ext {
-            "log" => {
+            "log" if !name.ends_with(".tmp") => {
                 logs.insert(base);
             }
             "index" | "timeindex" => indexes.push((base, dir.join(&name))),

@@ -262,7 +262,10 @@ impl Segment {
             ));
         }
         let buf = self.read_at(pos, BATCH_HEADER_LEN)?;
-        let header = BatchHeader::parse(&buf).map_err(|e| self.corrupt(pos, e.to_string()))?;
+        let header = BatchHeader::parse(&buf)
+            .map_err(|e| self.corrupt(pos, e.to_string()))?
+            .from_stored()
+            .map_err(|e| self.corrupt(pos, e))?;
         if pos + header.total_len() as u64 > end {
             return Err(self.corrupt(
                 pos,
@@ -388,7 +391,10 @@ impl Walker<'_> {
         }
         let (pos, end) = (self.pos, self.end);
         let head = self.bytes(pos, BATCH_HEADER_LEN)?;
-        let header = BatchHeader::parse(head).map_err(|e| self.seg.corrupt(pos, e.to_string()))?;
+        let header = BatchHeader::parse(head)
+            .map_err(|e| self.seg.corrupt(pos, e.to_string()))?
+            .from_stored()
+            .map_err(|e| self.seg.corrupt(pos, e))?;
         if pos + header.total_len() as u64 > end {
             return Err(self.seg.corrupt(pos, "batch runs past the end of data"));
         }

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::disk::Disk;
+use kiln_log::fs::FsFile;
+
 use crate::guard::ReplicaHealth;
 
 const BACKOFF_FIRST: Duration = Duration::from_millis(50);
@@ -40,9 +41,9 @@ struct SpaceWait<'a> {
 }
 
 impl<'a> SpaceWait<'a> {
-    fn new(disk: &dyn Disk, health: &'a ReplicaHealth) -> SpaceWait<'a> {
+    fn new(what: &str, health: &'a ReplicaHealth) -> SpaceWait<'a> {
         SpaceWait {
-            what: disk.describe(),
+            what: what.to_string(),
             health,
             delay: BACKOFF_FIRST,
             since: None,
@@ -85,17 +86,18 @@ impl Drop for SpaceWait<'_> {
     }
 }
 
-/// Appends `bytes` to `disk`, which is `start` bytes long, and syncs, waiting out a full disk.
+/// Writes `bytes` at `start` of `file` (its end) and syncs, waiting out a full disk: on ENOSPC
+/// the file is cut back to `start` and the bytes written again.
 pub(crate) async fn append_durably(
-    disk: &Arc<dyn Disk>,
+    file: &Arc<dyn FsFile>,
     start: u64,
     bytes: &[u8],
     health: &ReplicaHealth,
 ) -> io::Result<()> {
-    let mut wait = SpaceWait::new(disk.as_ref(), health);
+    let mut wait = SpaceWait::new(&file.describe(), health);
     loop {
-        let attempt = match disk.append(bytes) {
-            Ok(()) => disk.sync().await,
+        let attempt = match file.write_all_at(bytes, start) {
+            Ok(()) => file.sync().await,
             Err(e) => Err(e),
         };
         match attempt {
@@ -107,24 +109,24 @@ pub(crate) async fn append_durably(
                 if !is_disk_full(&e) {
                     return Err(e);
                 }
-                disk.truncate(start)?;
+                file.set_len(start)?;
                 wait.after(e).await?;
             }
         }
     }
 }
 
-/// Cuts `disk` to `len` bytes and syncs, waiting out a full disk (a sync can need space for
+/// Cuts `file` to `len` bytes and syncs, waiting out a full disk (a sync can need space for
 /// metadata).
 pub(crate) async fn truncate_durably(
-    disk: &Arc<dyn Disk>,
+    file: &Arc<dyn FsFile>,
     len: u64,
     health: &ReplicaHealth,
 ) -> io::Result<()> {
-    let mut wait = SpaceWait::new(disk.as_ref(), health);
+    let mut wait = SpaceWait::new(&file.describe(), health);
     loop {
-        let attempt = match disk.truncate(len) {
-            Ok(()) => disk.sync().await,
+        let attempt = match file.set_len(len) {
+            Ok(()) => file.sync().await,
             Err(e) => Err(e),
         };
         match attempt {
@@ -137,6 +139,35 @@ pub(crate) async fn truncate_durably(
     }
 }
 
+/// Runs `attempt` until it succeeds or fails with anything but a full disk, waiting with the
+/// same backoff and logging (the log store's appends go through this).
+pub(crate) async fn retry_when_full<T, F, Fut>(
+    what: &str,
+    health: &ReplicaHealth,
+    mut attempt: F,
+) -> Result<T, kiln_log::LogError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kiln_log::LogError>>,
+{
+    let mut wait = SpaceWait::new(what, health);
+    loop {
+        match attempt().await {
+            Ok(v) => {
+                wait.recovered = true;
+                return Ok(v);
+            }
+            Err(kiln_log::LogError::DiskFull { path }) => {
+                let e = io::Error::new(io::ErrorKind::StorageFull, path.display().to_string());
+                if wait.after(e).await.is_err() {
+                    return Err(kiln_log::LogError::DiskFull { path });
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -144,13 +175,15 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::disk::{SimDisk, SyncBehaviour, SyncFuture};
+    use kiln_log::fs::{Fs, SyncFuture};
+    use kiln_log::sim_fs::{SimFs, SyncBehaviour};
+    use std::path::Path;
 
-    /// A simulated file whose first `fail_appends` appends and first `fail_syncs` syncs fail
+    /// A simulated file whose first `fail_appends` writes and first `fail_syncs` syncs fail
     /// with `error` (a sync failure after the bytes were written, as a delayed allocation
     /// failure shows up).
     struct Failing {
-        inner: SimDisk,
+        inner: Arc<dyn FsFile>,
         error: i32,
         fail_appends: AtomicUsize,
         fail_syncs: AtomicUsize,
@@ -161,18 +194,21 @@ mod tests {
             .is_ok()
     }
 
-    impl Disk for Failing {
-        fn read_all(&self) -> io::Result<Vec<u8>> {
-            self.inner.read_all()
+    impl FsFile for Failing {
+        fn len(&self) -> io::Result<u64> {
+            self.inner.len()
         }
-        fn append(&self, bytes: &[u8]) -> io::Result<()> {
+        fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> io::Result<()> {
+            self.inner.read_exact_at(buf, pos)
+        }
+        fn write_all_at(&self, bytes: &[u8], pos: u64) -> io::Result<()> {
             if take(&self.fail_appends) {
                 return Err(io::Error::from_raw_os_error(self.error));
             }
-            self.inner.append(bytes)
+            self.inner.write_all_at(bytes, pos)
         }
-        fn truncate(&self, len: u64) -> io::Result<()> {
-            self.inner.truncate(len)
+        fn set_len(&self, len: u64) -> io::Result<()> {
+            self.inner.set_len(len)
         }
         fn sync(&self) -> SyncFuture {
             if take(&self.fail_syncs) {
@@ -181,21 +217,34 @@ mod tests {
             }
             self.inner.sync()
         }
+        fn sync_now(&self) -> io::Result<()> {
+            self.inner.sync_now()
+        }
         fn describe(&self) -> String {
-            "/data/orders-0/raft.log".to_string()
+            "/data/orders-0/vote".to_string()
         }
     }
 
-    fn failing(error: i32, appends: usize, syncs: usize) -> (Arc<dyn Disk>, SimDisk) {
-        let inner = SimDisk::new(Duration::from_millis(1), SyncBehaviour::Honest);
-        inner.append(b"synced:").unwrap();
-        let disk = Failing {
+    /// A file holding "synced:" and the simulated file system behind it.
+    fn failing(error: i32, appends: usize, syncs: usize) -> (Arc<dyn FsFile>, Arc<dyn FsFile>, SimFs) {
+        let fs = SimFs::new(Duration::from_millis(1), SyncBehaviour::Honest);
+        fs.create_dir_all(Path::new("/d")).unwrap();
+        let inner = fs.open(Path::new("/d/f"), true).unwrap();
+        inner.write_all_at(b"synced:", 0).unwrap();
+        inner.sync_now().unwrap();
+        let file = Failing {
             inner: inner.clone(),
             error,
             fail_appends: AtomicUsize::new(appends),
             fail_syncs: AtomicUsize::new(syncs),
         };
-        (Arc::new(disk), inner)
+        (Arc::new(file), inner, fs)
+    }
+
+    fn contents(f: &Arc<dyn FsFile>) -> Vec<u8> {
+        let mut buf = vec![0u8; f.len().unwrap() as usize];
+        f.read_exact_at(&mut buf, 0).unwrap();
+        buf
     }
 
     /// Collects (level, message) of every event.
@@ -243,7 +292,7 @@ mod tests {
     #[test]
     fn a_full_disk_is_waited_out_with_one_error_and_one_recovery_line() {
         let lines = Lines::default();
-        let (disk, file) = failing(ENOSPC, 6, 0);
+        let (disk, file, _fs) = failing(ENOSPC, 6, 0);
         let health = ReplicaHealth::default();
         let watched = health.clone();
         let waited = run(&lines, async move {
@@ -261,7 +310,7 @@ mod tests {
             waited,
             Duration::from_millis(2550) + Duration::from_millis(1)
         );
-        assert_eq!(file.read_all().unwrap(), b"synced:entry");
+        assert_eq!(contents(&file), b"synced:entry");
         let lines = lines.0.lock().unwrap();
         let errors: Vec<_> = lines
             .iter()
@@ -270,7 +319,7 @@ mod tests {
         assert_eq!(errors.len(), 1, "{lines:?}");
         assert_eq!(
             errors[0].1,
-            "disk full writing /data/orders-0/raft.log: waiting for space"
+            "disk full writing /data/orders-0/vote: waiting for space"
         );
         let infos: Vec<_> = lines
             .iter()
@@ -286,23 +335,23 @@ mod tests {
     #[test]
     fn a_failed_fsync_rewrites_the_bytes_and_quota_counts_as_full() {
         let lines = Lines::default();
-        let (disk, file) = failing(EDQUOT, 0, 2);
+        let (disk, file, fs) = failing(EDQUOT, 0, 2);
         let health = ReplicaHealth::default();
         run(&lines, append_durably(&disk, 7, b"entry", &health)).unwrap();
         // Cut back and written again after each failed fsync: once in the file.
-        assert_eq!(file.read_all().unwrap(), b"synced:entry");
-        assert_eq!(file.unsynced_len(), 0);
+        assert_eq!(contents(&file), b"synced:entry");
+        assert_eq!(fs.unsynced_bytes(), 0);
     }
 
     #[test]
     fn other_errors_stay_fatal() {
         let lines = Lines::default();
-        let (disk, file) = failing(5, 1, 0);
+        let (disk, file, _fs) = failing(5, 1, 0);
         let health = ReplicaHealth::default();
         let e = run(&lines, append_durably(&disk, 7, b"entry", &health)).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(5));
         assert!(!health.disk_full());
-        assert_eq!(file.read_all().unwrap(), b"synced:");
+        assert_eq!(contents(&file), b"synced:");
         assert!(lines.0.lock().unwrap().is_empty());
     }
 }

@@ -1,43 +1,49 @@
-//! Partition replication for Kiln: one partition as a Raft group of three replicas.
+//! Replication for Kiln: every partition (and the cluster metadata and the consumer offsets)
+//! is a Raft group whose log is a kiln-log directory.
 //!
-//! * [`offsets`]: Raft index ↔ Kafka offset translation (high watermark, leader epoch).
-//! * [`disk`]: the file the log store writes through: real (`fdatasync`) or simulated (page
-//!   cache lost on crash).
-//! * [`log_store`]: the Raft log on disk, which is also the partition's record store.
-//! * [`recovery`]: what a replica finds in its files at start: a torn tail, or damage that
-//!   it must repair from its peers.
-//! * [`guard`]: the repair guard (a damaged replica neither votes nor stands until repaired)
-//!   and [`ReplicaHealth`], which its transport and broker ask.
+//! * [`log_store`]: openraft's log storage on kiln-log: each Raft entry is its record batches
+//!   (or one control batch), written once; a bounded cache of recent entries.
+//! * [`state_machine`]: what applying does: the high watermark of a data partition, or a
+//!   broker-provided [`state_machine::Table`] for the offsets and metadata groups; snapshots
+//!   (the log start, or the table) so logs can be purged.
+//! * [`state`]: the `state` file (applied position, log start, a table's snapshot).
+//! * [`vote`] and [`guard`]: the `vote` file, and the repair guard (a damaged replica neither
+//!   votes nor stands until repaired) with [`ReplicaHealth`], which its transport and broker ask.
 //! * `full_disk`: a full disk is waited out, not fatal.
 //! * `elections`: the replica's election timer: off while repairing, and a random pause after
 //!   a failed election (openraft 0.9 draws its timeout once, so two candidates can tie forever).
-//! * [`state_machine`]: what applying committed entries does: advance the high watermark.
 //! * [`partition`]: [`ReplicatedPartition`], one replica: append (acknowledged once a majority
-//!   has fsynced), read below the high watermark, leader epoch.
+//!   has fsynced), read below the high watermark, leader epoch, retention's command.
 //! * [`proposer`]: [`Proposer`], the leader's ordered, coalescing append queue.
+//! * [`payload`]: what an entry carries (records, or a command).
 //! * [`net`]: Raft RPCs between brokers over TCP: one listener per broker shared by every
 //!   group, a length-prefixed, CRC-checked binary frame per RPC.
+//! * [`rng`]: a random generator whose output does not change with dependency versions.
 //! * [`sim`]: the deterministic simulation and its invariant checker.
 //!
 //! docs/replication.md has the design.
 
-pub mod disk;
 mod elections;
 mod full_disk;
 pub mod guard;
 pub mod log_store;
 pub mod net;
-pub mod offsets;
 pub mod partition;
+pub mod payload;
 pub mod proposer;
 mod record;
-pub mod recovery;
+pub mod rng;
+
 pub mod sim;
+pub mod state;
 pub mod state_machine;
 pub mod types;
+pub mod vote;
 
 pub use full_disk::is_disk_full;
 pub use guard::ReplicaHealth;
-pub use partition::{AppendAck, PartitionError, ReadBatch, ReplicatedPartition};
+pub use partition::{AppendAck, PartitionError, ReplicatedPartition, StartOptions};
+pub use payload::{Command, Payload};
 pub use proposer::Proposer;
+pub use state_machine::{GroupKind, Table};
 pub use types::{KilnRaft, NodeId};

@@ -1,278 +1,413 @@
-//! The Raft log on disk. It is also the partition's only copy of the records: a data entry
-//! holds the producer's batches, and reads serve them from here (see docs/replication.md).
+//! The Raft log of a replica, on kiln-log: the partition's segments are its Raft log, each
+//! record written to disk once (docs/replication.md, "Log layout").
 //!
-//! Two files: `raft.log`, one frame per entry, and `vote`, state records (the vote and the
-//! repair guard), formats in `record.rs`. Recovery (`recovery.rs`) keeps the longest prefix of
-//! whole, CRC-valid, index-contiguous entries and cuts the rest; a torn tail from a crash is
-//! only ever unsynced data, which nobody acknowledged, but damage before the end is not, and
-//! the replica then repairs from its peers before it votes again (`guard.rs`).
+//! openraft's entries map onto stored entries one to one: a normal entry with records is its
+//! batches; a blank entry, a membership and a command are each one control batch. The term is
+//! stored in every batch, so a log id is read back from the log alone.
 //!
-//! Durability: `append` writes every entry, then awaits one `fdatasync` of the file, and only
-//! then reports the entries flushed to openraft; `save_vote` and `truncate` return only after
-//! their fsync. A full disk is waited out (`full_disk.rs`).
+//! Durability: `append` writes the entries and then awaits the fsync that covers them before
+//! it reports them flushed to openraft (a full disk is waited out: the entries are cut back and
+//! written again); `save_vote` and `truncate` return only after their fsync. A replica with
+//! peers also makes the segment header claim the new entries synced (one more small fsync)
+//! before it reports them flushed: recovery then tells damage to any entry it acknowledged from
+//! a torn write, so a damaged replica never votes before it is refilled. A single replica has
+//! nobody to refill it, so its claim follows a few milliseconds later, off the write path.
+//!
+//! Reads: the most recent entries are kept in a bounded cache (replication to followers and
+//! applying read them right after they are written); older ones come from the segments. The
+//! store openraft's core owns reads a data partition's entries as summaries (record counts, no
+//! bytes): the core only applies them, and applying a data entry only counts its records.
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use bytes::Bytes;
+use kiln_log::fs::Fs;
+use kiln_log::{ControlKind, EntryBody, Log, LogError, NewEntry, ReadMode, StoredBody, StoredEntry};
 use openraft::storage::{LogFlushed, RaftLogStorage};
-use openraft::{AnyError, LogState, OptionalSend, RaftLogReader, StorageIOError};
+use openraft::{
+    AnyError, CommittedLeaderId, EntryPayload, LogState, OptionalSend, RaftLogReader,
+    StorageIOError,
+};
 
-use crate::disk::Disk;
-use crate::full_disk::{append_durably, truncate_durably};
+use crate::full_disk::retry_when_full;
 use crate::guard::{Guard, ReplicaHealth};
-use crate::offsets::OffsetTranslator;
-use crate::record::{encode_entry, encode_state_pair, entry_records, VoteState};
-use crate::recovery::{scan_log, scan_vote, LogScan, LogTail, VoteScan};
+use crate::payload::{Command, Payload};
+use crate::record::{decode_membership, encode_membership, Reader, VoteState};
 use crate::types::{Entry, KilnRaft, LogId, StorageError, Vote};
+use crate::vote::{VoteFile, VoteRecovery};
 
-pub use crate::record::record_count;
-pub use crate::recovery::{DamageCause, LogDamage, LogRecovery, VoteRecovery};
+/// Bytes of recent entries one replica keeps in memory.
+pub const ENTRY_CACHE_BYTES_MAX: usize = 4 << 20;
+/// Bytes one replication read gathers (openraft's `limited_get_log_entries`), at least one
+/// entry.
+pub const REPLICATION_READ_BYTES_MAX: usize = 4 << 20;
+pub(crate) const VOTE_FILE: &str = "vote";
 
-pub(crate) struct LogInner {
-    disk: Arc<dyn Disk>,
-    /// index → (entry, position of its record in the file).
-    entries: BTreeMap<u64, (Entry, u64)>,
-    end_pos: u64,
-    translator: OffsetTranslator,
-    vote: Option<Vote>,
-    last_purged: Option<LogId>,
+/// What opening a replica's files found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogRecovery {
+    pub log: kiln_log::RecoveryReport,
+    pub vote: VoteRecovery,
+    /// The guard the replica starts under (persisted in `vote`, so a restart before the repair
+    /// is over keeps it).
+    pub guard: Guard,
 }
 
-impl LogInner {
-    pub(crate) fn translator(&self) -> &OffsetTranslator {
-        &self.translator
+impl LogRecovery {
+    /// True when the replica starts repairing: it neither votes nor stands for election until
+    /// a leader has refilled its log (see [`crate::ReplicatedPartition::repairing`]).
+    pub fn repairing(&self) -> bool {
+        !self.guard.is_clear()
     }
 
-    pub(crate) fn entry(&self, index: u64) -> Option<&Entry> {
-        self.entries.get(&index).map(|(e, _)| e)
+    /// Entries the log holds after recovery.
+    pub fn entries(&self) -> u64 {
+        self.log.next_index - self.log.first_index
     }
 }
 
-/// The `vote` file and its length. Writers take it in turn (openraft's `save_vote` and the
-/// lifting of the guard), so a write cut back after a full disk never cuts another's record.
-struct VoteFile {
-    disk: Arc<dyn Disk>,
-    len: u64,
+/// Recent entries, oldest first, contiguous.
+#[derive(Default)]
+struct Cache {
+    entries: VecDeque<Entry>,
+    bytes: usize,
+}
+
+impl Cache {
+    fn first_index(&self) -> Option<u64> {
+        self.entries.front().map(|e| e.log_id.index)
+    }
+
+    fn push(&mut self, entry: Entry) {
+        if let Some(last) = self.entries.back() {
+            if last.log_id.index + 1 != entry.log_id.index {
+                self.clear();
+            }
+        }
+        self.bytes += entry_bytes(&entry);
+        self.entries.push_back(entry);
+        while self.bytes > ENTRY_CACHE_BYTES_MAX && self.entries.len() > 1 {
+            if let Some(old) = self.entries.pop_front() {
+                self.bytes -= entry_bytes(&old);
+            }
+        }
+    }
+
+    fn truncate_from(&mut self, index: u64) {
+        while self.entries.back().is_some_and(|e| e.log_id.index >= index) {
+            if let Some(e) = self.entries.pop_back() {
+                self.bytes -= entry_bytes(&e);
+            }
+        }
+    }
+
+    fn purge_through(&mut self, index: u64) {
+        while self.entries.front().is_some_and(|e| e.log_id.index <= index) {
+            if let Some(e) = self.entries.pop_front() {
+                self.bytes -= entry_bytes(&e);
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.bytes = 0;
+    }
+
+    /// The cached entries `start..end`, if the cache holds all of them.
+    fn get(&self, start: u64, end: u64) -> Option<Vec<Entry>> {
+        let first = self.first_index()?;
+        let last = self.entries.back()?.log_id.index;
+        if start < first || end > last + 1 {
+            return None;
+        }
+        let from = usize::try_from(start - first).ok()?;
+        let n = usize::try_from(end.saturating_sub(start)).ok()?;
+        Some(self.entries.iter().skip(from).take(n).cloned().collect())
+    }
+}
+
+fn entry_bytes(e: &Entry) -> usize {
+    match &e.payload {
+        EntryPayload::Normal(p) => p.bytes_len() + 64,
+        _ => 64,
+    }
+}
+
+pub(crate) struct Shared {
+    pub(crate) log: Log,
+    pub(crate) fs: Arc<dyn Fs>,
+    pub(crate) dir: PathBuf,
+    vote_file: tokio::sync::Mutex<VoteFile>,
+    /// The vote as saved, and the floor below which no vote is reported (the highest term in
+    /// the log: a lost vote record must not let a stale leader in).
+    vote: Mutex<Option<Vote>>,
+    vote_floor_term: u64,
+    pub(crate) health: ReplicaHealth,
+    cache: Mutex<Cache>,
+    /// A header-claim task is scheduled.
+    claim_pending: AtomicBool,
+    /// The group has peers: the header claim is made before an append is reported flushed.
+    repairable: bool,
 }
 
 /// The Raft log store of one replica (cheap to clone; clones share the log).
 #[derive(Clone)]
 pub struct LogStore {
-    inner: Arc<Mutex<LogInner>>,
-    vote_file: Arc<tokio::sync::Mutex<VoteFile>>,
-    health: ReplicaHealth,
+    pub(crate) shared: Arc<Shared>,
+    /// How data entries are read back (see the module docs).
+    mode: ReadMode,
 }
 
-fn io_err(e: io::Error) -> AnyError {
+fn io_err(e: impl std::error::Error + 'static) -> AnyError {
     AnyError::new(&e)
 }
 
-/// The recovery report, logged: damage at ERROR with its numbers, a torn tail at WARN.
-fn report(scan: &LogScan, vote: &VoteScan, cut_bytes: u64, guard: Guard) {
-    match scan.tail {
-        LogTail::Clean => {}
-        LogTail::Torn => tracing::warn!(
-            cut_bytes,
-            kept_bytes = scan.end,
-            "raft log: cutting a torn tail (a write a crash cut short before its fsync)"
-        ),
-        LogTail::Damaged(d) => tracing::error!(
-            cause = ?d.cause,
-            at_byte = d.at_byte,
-            first_lost_index = d.first_lost_index,
-            highest_index_after = ?d.highest_index_after,
-            frames_after = d.frames_after,
-            cut_bytes,
-            repair_until = ?guard.repair_until,
-            repair_term = ?guard.repair_term,
-            "raft log damaged: entries from index {} are lost (highest index seen after the \
-             damage: {:?}); cutting {} bytes; no votes or candidacy until a leader has refilled \
-             the log: applied through index {:?}, or an entry of a term after {:?}",
-            d.first_lost_index,
-            d.highest_index_after,
-            cut_bytes,
-            guard.repair_until,
-            guard.repair_term
-        ),
-    }
-    let v = vote.report;
-    if v.latest_lost {
-        tracing::error!(
-            damaged_bytes = v.damaged_bytes,
-            vote_floor = ?guard.vote_floor,
-            "vote file damaged: the latest vote record is lost, so a vote this replica cast may \
-             be forgotten; no votes or candidacy until it has followed a leader of term {:?} or \
-             later",
-            guard.vote_floor
-        );
-    } else if v.damaged_bytes > 0 {
-        tracing::warn!(
-            damaged_bytes = v.damaged_bytes,
-            "vote file: damaged bytes before an intact copy of the latest record; nothing lost"
-        );
-    }
+fn log_id(term: u64, index: u64) -> LogId {
+    LogId::new(CommittedLeaderId::new(term, 0), index)
 }
 
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The openraft entry for a stored one.
+fn to_entry(e: StoredEntry) -> Result<Entry, String> {
+    let payload = match e.body {
+        StoredBody::Records {
+            batches,
+            record_count,
+        } => EntryPayload::Normal(Payload::Records {
+            batches,
+            record_count,
+            kafka_offset: Some(e.kafka_offset),
+        }),
+        StoredBody::Summary { record_count } => EntryPayload::Normal(Payload::Summary {
+            record_count,
+            kafka_offset: e.kafka_offset,
+        }),
+        StoredBody::Control { kind, payload } => match kind {
+            ControlKind::Blank => EntryPayload::Blank,
+            ControlKind::Membership => {
+                let mut r = Reader::new(&payload);
+                let m = decode_membership(&mut r)
+                    .filter(|_| r.done())
+                    .ok_or_else(|| format!("entry {}: membership does not decode", e.index))?;
+                EntryPayload::Membership(m)
+            }
+            ControlKind::Command => EntryPayload::Normal(Payload::Command(
+                Command::decode(&payload)
+                    .ok_or_else(|| format!("entry {}: command does not decode", e.index))?,
+            )),
+        },
+    };
+    Ok(Entry {
+        log_id: log_id(e.term, e.index),
+        payload,
+    })
+}
+
+/// Why the log store refuses an entry (a bug or a peer that lies).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Refused(String);
+
 impl LogStore {
-    /// Opens the log on `disk` and the vote on `vote_disk`, recovering both: the valid,
-    /// contiguous prefix is kept, anything after it is cut (and the cut is fsynced). Damage
-    /// sets the repair guard, which is made durable before any damaged byte is cut.
+    /// Opens the log in `dir` and the `vote` file beside it, recovering both. Damage sets the
+    /// repair guard, which is durable before anything else happens. `repairable`: the group has
+    /// peers to repair from (a single replica's damage is only reported: there is no one to
+    /// refill it, and a guard would keep it from ever leading).
     pub async fn open(
-        disk: Arc<dyn Disk>,
-        vote_disk: Arc<dyn Disk>,
+        fs: Arc<dyn Fs>,
+        dir: &Path,
+        config: kiln_log::LogConfig,
+        repairable: bool,
     ) -> io::Result<(LogStore, LogRecovery)> {
-        let buf = disk.read_all()?;
-        let scan = scan_log(&buf);
-        let file_len = buf.len() as u64;
-        drop(buf);
-        let vote_buf = vote_disk.read_all()?;
-        let vote = scan_vote(&vote_buf);
-        let mut vote_len = vote_buf.len() as u64;
-        drop(vote_buf);
-
-        let persisted = vote.state.unwrap_or_default();
+        fs.create_dir_all(dir)?;
+        let (log, report) = Log::open(fs.clone(), dir, config).map_err(io::Error::other)?;
+        let health = ReplicaHealth::default();
+        let (mut vote_file, vote_scan) = VoteFile::open(fs.as_ref(), &dir.join(VOTE_FILE), &health).await?;
+        let persisted = vote_scan.state.unwrap_or_default();
         let mut guard = persisted.guard;
-        if let LogTail::Damaged(d) = scan.tail {
-            // The highest term of the file's entries bounds the terms in which this replica's
-            // acknowledgements counted towards a commit; where the damage hides the end of the
-            // file, its vote's term does (unless the vote record is damaged too).
-            let vote_term = persisted.vote.map(|v| v.leader_id.term);
-            let term = d
-                .highest_term
-                .or(vote_term.filter(|_| !vote.report.latest_lost));
-            guard = guard.merge(Guard::repair(d.highest_index_before(), term));
+        let tail = log.tail();
+        let vote_term = persisted.vote.map_or(0, |v| v.leader_id.term);
+        if let kiln_log::LogTail::Damaged(d) = &report.tail {
+            if repairable {
+                let until = d.synced_through.unwrap_or(d.first_lost_index).max(d.first_lost_index);
+                guard = guard.merge(Guard::repair(until, d.synced_term.or(Some(vote_term))));
+            } else {
+                tracing::error!(dir = %dir.display(), first_lost_index = d.first_lost_index, "a single replica lost synced entries: there is no peer to refill them from; they are gone");
+            }
         }
-        if vote.report.latest_lost {
-            guard = guard.merge(Guard::vote_floor(vote.highest_term.unwrap_or(0)));
+        if vote_scan.report.latest_lost {
+            guard = guard.merge(Guard::vote_floor(vote_scan.highest_term.unwrap_or(0).max(tail.last_term)));
         }
-        let health = ReplicaHealth::new(guard);
-        let cut_bytes = file_len - scan.end as u64;
-        report(&scan, &vote, cut_bytes, guard);
-        if !persisted.guard.is_clear() && persisted.guard == guard {
-            tracing::warn!(
-                ?guard,
-                "resuming the repair of a damaged replica: no votes until it is over"
-            );
+        // The log holds entries of a term the vote file does not reach: a vote record was lost
+        // (entries of a term are accepted only after its vote is saved). The vote this replica
+        // cast in that term is unknown.
+        if tail.last_term > vote_term && repairable {
+            tracing::error!(dir = %dir.display(), log_term = tail.last_term, vote_term, "the log holds entries of a later term than the saved vote: a vote record is lost; no votes until a leader of that term or later is followed");
+            guard = guard.merge(Guard::vote_floor(tail.last_term));
         }
-
-        // The guard is durable before the damaged bytes go, so a crash in between cannot
-        // leave a cut log and no record that it needs repair.
-        if (vote.end as u64) < vote_len {
-            truncate_durably(&vote_disk, vote.end as u64, &health).await?;
-            vote_len = vote.end as u64;
-        }
+        health.set_guard(guard);
         if guard != persisted.guard {
-            let bytes = encode_state_pair(&VoteState {
-                vote: persisted.vote,
-                guard,
-            });
-            append_durably(&vote_disk, vote_len, &bytes, &health).await?;
-            vote_len += bytes.len() as u64;
+            vote_file
+                .save(
+                    &VoteState {
+                        vote: persisted.vote,
+                        guard,
+                    },
+                    &health,
+                )
+                .await?;
         }
-        if cut_bytes > 0 {
-            truncate_durably(&disk, scan.end as u64, &health).await?;
-        }
-
-        let mut entries = BTreeMap::new();
-        let mut translator = OffsetTranslator::new();
-        for (pos, entry) in scan.entries {
-            let index = entry.log_id.index;
-            translator
-                .append(index, entry_records(&entry))
-                .map_err(io::Error::other)?;
-            entries.insert(index, (entry, pos));
+        if !persisted.guard.is_clear() && persisted.guard == guard {
+            tracing::warn!(dir = %dir.display(), ?guard, "resuming the repair of a damaged replica: no votes until it is over");
         }
         let recovery = LogRecovery {
-            entries: entries.len(),
-            cut_bytes,
-            tail: scan.tail,
-            vote: vote.report,
+            log: report,
+            vote: vote_scan.report,
             guard,
         };
-        let inner = LogInner {
-            disk,
-            entries,
-            end_pos: scan.end as u64,
-            translator,
-            vote: persisted.vote,
-            last_purged: None,
-        };
-        let store = LogStore {
-            inner: Arc::new(Mutex::new(inner)),
-            vote_file: Arc::new(tokio::sync::Mutex::new(VoteFile {
-                disk: vote_disk,
-                len: vote_len,
-            })),
+        let shared = Shared {
+            log,
+            fs,
+            dir: dir.to_path_buf(),
+            vote_file: tokio::sync::Mutex::new(vote_file),
+            vote: Mutex::new(persisted.vote),
+            vote_floor_term: tail.last_term,
             health,
+            cache: Mutex::new(Cache::default()),
+            claim_pending: AtomicBool::new(false),
+            repairable,
         };
-        Ok((store, recovery))
+        Ok((
+            LogStore {
+                shared: Arc::new(shared),
+                mode: ReadMode::Full,
+            },
+            recovery,
+        ))
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, LogInner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    /// This store read in `mode` (the Raft core's own store of a data partition reads
+    /// summaries).
+    pub(crate) fn with_mode(&self, mode: ReadMode) -> LogStore {
+        LogStore {
+            shared: self.shared.clone(),
+            mode,
+        }
+    }
+
+    pub fn log(&self) -> &Log {
+        &self.shared.log
     }
 
     /// This replica's health: the repair guard and the disk-full flag.
     pub fn health(&self) -> ReplicaHealth {
-        self.health.clone()
+        self.shared.health.clone()
     }
 
     /// Clears the repair guard once it was met: the log is synced (it holds everything the
     /// replica applied), then a state record without the guard is made durable.
     pub(crate) async fn lift_guard(&self) -> io::Result<()> {
-        let mut file = self.vote_file.lock().await;
-        let log_disk = Arc::clone(&self.lock().disk);
-        log_disk.sync().await?;
+        let mut file = self.shared.vote_file.lock().await;
+        self.shared.log.sync().await.map_err(io::Error::other)?;
         let state = VoteState {
-            vote: self.lock().vote,
+            vote: *lock(&self.shared.vote),
             guard: Guard::default(),
         };
-        let bytes = encode_state_pair(&state);
-        append_durably(&file.disk, file.len, &bytes, &self.health).await?;
-        file.len += bytes.len() as u64;
-        self.health.set_guard(Guard::default());
+        file.save(&state, &self.shared.health).await?;
+        self.shared.health.set_guard(Guard::default());
         Ok(())
-    }
-
-    /// The Kafka offset the next data entry will take (uncommitted entries included).
-    pub fn log_end_offset(&self) -> i64 {
-        self.lock().translator.next_offset()
-    }
-
-    /// The Kafka offset after every record at or below `raft_index`.
-    pub fn offset_through(&self, raft_index: Option<u64>) -> i64 {
-        self.lock().translator.next_offset_through(raft_index)
     }
 
     /// The last entry's log id.
     pub fn last_log_id(&self) -> Option<LogId> {
-        self.lock()
-            .entries
-            .values()
-            .next_back()
-            .map(|(e, _)| e.log_id)
+        let tail = self.shared.log.tail();
+        let (first, prev_term) = self.shared.log.first();
+        if tail.next_index > first {
+            Some(log_id(tail.last_term, tail.next_index - 1))
+        } else if first > 0 {
+            Some(log_id(prev_term, first - 1))
+        } else {
+            None
+        }
     }
 
-    fn range_entries<RB: RangeBounds<u64>>(&self, range: RB) -> Vec<Entry> {
-        let inner = self.lock();
-        let start = match range.start_bound() {
-            Bound::Included(&s) => Bound::Included(s),
-            Bound::Excluded(&s) => Bound::Excluded(s),
-            Bound::Unbounded => Bound::Unbounded,
-        };
-        let end = match range.end_bound() {
-            Bound::Included(&s) => Bound::Included(s),
-            Bound::Excluded(&s) => Bound::Excluded(s),
-            Bound::Unbounded => Bound::Unbounded,
-        };
-        inner
-            .entries
-            .range((start, end))
-            .map(|(_, (e, _))| e.clone())
+    fn read(&self, start: u64, end: u64, max_bytes: usize) -> Result<Vec<Entry>, StorageError> {
+        let tail = self.shared.log.tail().next_index;
+        let end = end.min(tail);
+        if start >= end {
+            return Ok(Vec::new());
+        }
+        if let Some(cached) = lock(&self.shared.cache).get(start, end) {
+            if self.mode == ReadMode::Summary {
+                return Ok(cached.into_iter().map(summarize).collect());
+            }
+            return Ok(cached);
+        }
+        let stored = self
+            .shared
+            .log
+            .read_entries(start, end, max_bytes, self.mode)
+            .map_err(|e| {
+                tracing::error!(dir = %self.shared.dir.display(), start, end, error = %e, "reading the Raft log failed; the entry is never served");
+                StorageIOError::read_logs(io_err(e))
+            })?;
+        stored
+            .into_iter()
+            .map(|e| {
+                let index = e.index;
+                to_entry(e).map_err(|why| {
+                    StorageIOError::read_log_entry(log_id(0, index), io_err(Refused(why))).into()
+                })
+            })
             .collect()
+    }
+
+    /// Schedules a header claim a little later, unless one is pending (see the module docs).
+    fn schedule_claim(&self) {
+        if self.shared.claim_pending.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(kiln_log::HEADER_CLAIM_DELAY).await;
+            shared.claim_pending.store(false, Ordering::Release);
+            if shared.log.header_behind() {
+                if let Err(e) = shared.log.sync_header().await {
+                    tracing::warn!(dir = %shared.dir.display(), error = %e, "could not bring the segment header up to date");
+                }
+            }
+        });
+    }
+}
+
+/// A data entry without its bytes.
+fn summarize(e: Entry) -> Entry {
+    match e.payload {
+        EntryPayload::Normal(Payload::Records {
+            record_count,
+            kafka_offset: Some(kafka_offset),
+            ..
+        }) => Entry {
+            log_id: e.log_id,
+            payload: EntryPayload::Normal(Payload::Summary {
+                record_count,
+                kafka_offset,
+            }),
+        },
+        other => Entry {
+            log_id: e.log_id,
+            payload: other,
+        },
     }
 }
 
@@ -281,7 +416,21 @@ impl RaftLogReader<KilnRaft> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
-        Ok(self.range_entries(range))
+        let start = match range.start_bound() {
+            Bound::Included(&s) => s,
+            Bound::Excluded(&s) => s + 1,
+            Bound::Unbounded => self.shared.log.first().0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&e) => e + 1,
+            Bound::Excluded(&e) => e,
+            Bound::Unbounded => u64::MAX,
+        };
+        self.read(start, end, usize::MAX)
+    }
+
+    async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> Result<Vec<Entry>, StorageError> {
+        self.read(start, end, REPLICATION_READ_BYTES_MAX)
     }
 }
 
@@ -289,361 +438,215 @@ impl RaftLogStorage<KilnRaft> for LogStore {
     type LogReader = LogStore;
 
     async fn get_log_state(&mut self) -> Result<LogState<KilnRaft>, StorageError> {
-        let inner = self.lock();
-        let last = inner.entries.values().next_back().map(|(e, _)| e.log_id);
+        let (first, prev_term) = self.shared.log.first();
+        let last_purged = (first > 0).then(|| log_id(prev_term, first - 1));
         Ok(LogState {
-            last_purged_log_id: inner.last_purged,
-            last_log_id: last.or(inner.last_purged),
+            last_purged_log_id: last_purged,
+            last_log_id: self.last_log_id(),
         })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
-        self.clone()
+        self.with_mode(ReadMode::Full)
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
-        let mut file = self.vote_file.lock().await;
+        let mut file = self.shared.vote_file.lock().await;
         let state = VoteState {
             vote: Some(*vote),
-            guard: self.health.guard(),
+            guard: self.shared.health.guard(),
         };
-        let bytes = encode_state_pair(&state);
-        append_durably(&file.disk, file.len, &bytes, &self.health)
+        file.save(&state, &self.shared.health)
             .await
             .map_err(|e| StorageIOError::write_vote(io_err(e)))?;
-        file.len += bytes.len() as u64;
-        self.lock().vote = Some(*vote);
+        *lock(&self.shared.vote) = Some(*vote);
         Ok(())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
-        let vote = self.lock().vote;
-        // openraft restores a replica whose committed vote names itself as leader at once, no
-        // election. A damaged one must not lead: it may lack committed entries, and would
-        // overwrite them on its followers. Uncommitted, the vote still binds it in its term.
-        if self.health.guarded() {
-            return Ok(vote.map(|v| Vote {
-                leader_id: v.leader_id,
+        let vote = *lock(&self.shared.vote);
+        let floor = self.shared.vote_floor_term;
+        let vote = match vote {
+            // Never report a vote below the highest term in the log: a leader of a lower term
+            // must not be followed, whatever the vote file lost.
+            Some(v) if v.leader_id.term >= floor => Some(v),
+            _ if floor > 0 => Some(Vote {
+                leader_id: openraft::LeaderId {
+                    term: floor,
+                    voted_for: None,
+                },
                 committed: false,
-            }));
-        }
-        Ok(vote)
+            }),
+            other => other,
+        };
+        // openraft restores a replica whose committed vote names itself as leader at once, with
+        // no election and without a new blank entry. Its commit index then starts at what it
+        // had applied, and a read it confirms as leader can miss entries it committed before the
+        // restart (openraft 0.9 takes the read point from the term's first entry). Reported
+        // uncommitted, the vote still binds the replica in its term (it voted for itself), and a
+        // new leader is elected with a blank entry whose commit covers everything before it. A
+        // damaged replica must not lead at once either: it may lack committed entries.
+        Ok(vote.map(|v| Vote {
+            leader_id: v.leader_id,
+            committed: false,
+        }))
     }
 
-    async fn append<I>(
-        &mut self,
-        entries: I,
-        callback: LogFlushed<KilnRaft>,
-    ) -> Result<(), StorageError>
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<KilnRaft>) -> Result<(), StorageError>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let (disk, start, bytes) = {
-            let mut inner = self.lock();
-            let start = inner.end_pos;
-            let mut bytes = Vec::new();
-            for entry in entries {
-                let index = entry.log_id.index;
-                inner
-                    .translator
-                    .append(index, entry_records(&entry))
-                    .map_err(|e| {
-                        StorageIOError::write_log_entry(entry.log_id, AnyError::new(&e))
-                    })?;
-                let pos = start + bytes.len() as u64;
-                bytes.extend_from_slice(&encode_entry(&entry));
-                inner.entries.insert(index, (entry, pos));
-            }
-            inner.end_pos = start + bytes.len() as u64;
-            (Arc::clone(&inner.disk), start, bytes)
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let Some(last) = entries.last().map(|e| e.log_id) else {
+            callback.log_io_completed(Ok(()));
+            return Ok(());
         };
-        // Reported flushed only once the fsync covering every entry above has returned. Every
-        // earlier write was synced before this call (openraft waits for each flush), so on a
-        // full disk the file is cut back to `start` and these bytes written again.
-        let result = append_durably(&disk, start, &bytes, &self.health).await;
-        callback.log_io_completed(result);
-        Ok(())
+        // Encode first: what the log stores for each entry.
+        let mut kafka = self.shared.log.tail().next_kafka;
+        let mut bodies: Vec<(u64, u64, Option<ControlKind>, Bytes)> = Vec::with_capacity(entries.len());
+        for e in &entries {
+            let (kind, bytes) = match &e.payload {
+                EntryPayload::Blank => (Some(ControlKind::Blank), Bytes::new()),
+                EntryPayload::Membership(m) => {
+                    let mut p = Vec::new();
+                    encode_membership(m, &mut p);
+                    (Some(ControlKind::Membership), Bytes::from(p))
+                }
+                EntryPayload::Normal(Payload::Command(c)) => (Some(ControlKind::Command), Bytes::from(c.encode())),
+                EntryPayload::Normal(Payload::Records {
+                    batches,
+                    record_count,
+                    kafka_offset,
+                }) => {
+                    // Pair check: a replicated entry carries the offset its leader gave it; this
+                    // log must give it the same one.
+                    if let Some(k) = kafka_offset {
+                        if *k != kafka {
+                            let why = format!(
+                                "entry {} was written at Kafka offset {k} by its leader, this log would put it at {kafka}",
+                                e.log_id.index
+                            );
+                            return Err(StorageIOError::write_log_entry(e.log_id, io_err(Refused(why))).into());
+                        }
+                    }
+                    kafka += i64::from(*record_count);
+                    (None, batches.clone())
+                }
+                EntryPayload::Normal(Payload::Summary { .. }) => {
+                    let why = format!("entry {} is a summary, which is never written", e.log_id.index);
+                    return Err(StorageIOError::write_log_entry(e.log_id, io_err(Refused(why))).into());
+                }
+            };
+            bodies.push((e.log_id.index, e.log_id.leader_id.term, kind, bytes));
+        }
+        let log = self.shared.log.clone();
+        let what = self.shared.dir.display().to_string();
+        let strict_claim = self.shared.repairable;
+        let result = retry_when_full(&what, &self.shared.health, || {
+            let log = log.clone();
+            let bodies = &bodies;
+            async move {
+                let news: Vec<NewEntry<'_>> = bodies
+                    .iter()
+                    .map(|(index, term, kind, bytes)| NewEntry {
+                        index: *index,
+                        term: *term,
+                        body: match kind {
+                            Some(k) => EntryBody::Control(*k, bytes),
+                            None => EntryBody::Records(bytes),
+                        },
+                    })
+                    .collect();
+                let attempt = match log.append(&news, now_ms()) {
+                    Ok(stored) => match log.sync().await {
+                        Ok(()) if strict_claim => log.sync_header().await.map(|()| stored),
+                        Ok(()) => Ok(stored),
+                        Err(e) => Err(e),
+                    },
+                    Err(e) => Err(e),
+                };
+                if matches!(attempt, Err(LogError::DiskFull { .. })) {
+                    log.rewind_unsynced()?;
+                }
+                attempt
+            }
+        })
+        .await;
+        match result {
+            Ok(stored) => {
+                let mut cache = lock(&self.shared.cache);
+                // What was written, as reads give it back: records stamped with their offsets.
+                let mut kafka_at = self.shared.log.tail().next_kafka
+                    - entries
+                        .iter()
+                        .map(|e| i64::from(payload_records(&e.payload)))
+                        .sum::<i64>();
+                for (e, bytes) in entries.into_iter().zip(stored) {
+                    let payload = match e.payload {
+                        EntryPayload::Normal(Payload::Records { record_count, .. }) => {
+                            let p = EntryPayload::Normal(Payload::Records {
+                                batches: bytes,
+                                record_count,
+                                kafka_offset: Some(kafka_at),
+                            });
+                            kafka_at += i64::from(record_count);
+                            p
+                        }
+                        other => other,
+                    };
+                    cache.push(Entry {
+                        log_id: e.log_id,
+                        payload,
+                    });
+                }
+                drop(cache);
+                callback.log_io_completed(Ok(()));
+                if !self.shared.repairable {
+                    self.schedule_claim();
+                }
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(dir = %self.shared.dir.display(), error = %e, "appending to the Raft log failed");
+                callback.log_io_completed(Err(io::Error::other(e.to_string())));
+                Err(StorageIOError::write_log_entry(last, io_err(e)).into())
+            }
+        }
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        let (disk, pos) = {
-            let mut inner = self.lock();
-            let index = log_id.index;
-            let Some(&(_, pos)) = inner.entries.get(&index) else {
-                return Ok(());
-            };
-            inner.end_pos = pos;
-            inner.entries.split_off(&index);
-            inner.translator.truncate_from(index);
-            (Arc::clone(&inner.disk), pos)
-        };
-        truncate_durably(&disk, pos, &self.health)
-            .await
-            .map_err(|e| StorageIOError::write_logs(io_err(e)))?;
+        let log = self.shared.log.clone();
+        let what = self.shared.dir.display().to_string();
+        retry_when_full(&what, &self.shared.health, || {
+            let log = log.clone();
+            async move { log.truncate_from(log_id.index) }
+        })
+        .await
+        .map_err(|e| StorageIOError::write_logs(io_err(e)))?;
+        lock(&self.shared.cache).truncate_from(log_id.index);
         Ok(())
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        // Snapshots are never built (SnapshotPolicy::Never), so openraft never purges; if it
-        // did, the entries would only leave memory (the file is not compacted yet).
-        let mut inner = self.lock();
-        let keep = inner.entries.split_off(&(log_id.index + 1));
-        inner.entries = keep;
-        inner.last_purged = Some(log_id);
+        lock(&self.shared.cache).purge_through(log_id.index);
+        self.shared
+            .log
+            .purge_through(log_id.index)
+            .map_err(|e| StorageIOError::write_logs(io_err(e)))?;
         Ok(())
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-    use crate::disk::{FileDisk, SimDisk, SyncBehaviour};
-    use crate::record::decode_entry;
-    use crate::types::Batches;
-    use bytes::Bytes;
-    use openraft::{CommittedLeaderId, EntryPayload, Membership};
-    use std::collections::BTreeSet;
-    use std::time::Duration;
-
-    fn lid(term: u64, index: u64) -> LogId {
-        LogId::new(CommittedLeaderId::new(term, 1), index)
-    }
-
-    #[test]
-    fn entries_round_trip_through_the_encoding() {
-        let blank = Entry {
-            log_id: lid(3, 7),
-            payload: EntryPayload::Blank,
-        };
-        let data = Entry {
-            log_id: lid(3, 8),
-            payload: EntryPayload::Normal(Batches(Bytes::from_static(b"not parsed here"))),
-        };
-        let members = Entry {
-            log_id: lid(1, 1),
-            payload: EntryPayload::Membership(Membership::new(
-                vec![BTreeSet::from([1, 2, 3])],
-                BTreeSet::from([1, 2, 3, 4]),
-            )),
-        };
-        for e in [blank, data, members] {
-            let framed = encode_entry(&e);
-            let scan = scan_log(&framed);
-            assert_eq!(scan.end, framed.len());
-            assert_eq!(scan.tail, LogTail::Clean);
-            let back = decode_entry(&framed[8..]).unwrap();
-            assert_eq!(back.log_id, e.log_id);
-            assert_eq!(format!("{:?}", back.payload), format!("{:?}", e.payload));
-        }
-        // Any truncation of a frame is not a frame, and is a torn tail.
-        let framed = encode_entry(&Entry {
-            log_id: lid(1, 2),
-            payload: EntryPayload::Blank,
-        });
-        for cut in 1..framed.len() {
-            let scan = scan_log(&framed[..cut]);
-            assert_eq!(
-                (scan.entries.len(), scan.tail),
-                (0, LogTail::Torn),
-                "cut {cut}"
-            );
-        }
-    }
-
-    async fn write(store: &LogStore, entries: Vec<Entry>) {
-        let sync = {
-            let mut inner = store.lock();
-            for e in entries {
-                let rec = encode_entry(&e);
-                inner.disk.append(&rec).unwrap();
-                let pos = inner.end_pos;
-                inner.end_pos += rec.len() as u64;
-                inner.translator.append(e.log_id.index, 0).unwrap();
-                inner.entries.insert(e.log_id.index, (e, pos));
-            }
-            inner.disk.sync()
-        };
-        sync.await.unwrap();
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn recovery_cuts_a_torn_tail_and_keeps_synced_entries() {
-        let disk = SimDisk::new(Duration::from_millis(1), SyncBehaviour::Honest);
-        let vote = SimDisk::new(Duration::from_millis(1), SyncBehaviour::Honest);
-        let (mut store, rec) = LogStore::open(Arc::new(disk.clone()), Arc::new(vote.clone()))
-            .await
-            .unwrap();
-        assert_eq!(rec, LogRecovery::default());
-        store.save_vote(&Vote::new(2, 1)).await.unwrap();
-        let blanks = |r: std::ops::Range<u64>| {
-            r.map(|i| Entry {
-                log_id: lid(2, i),
-                payload: EntryPayload::Blank,
-            })
-            .collect::<Vec<_>>()
-        };
-        write(&store, blanks(1..4)).await;
-        // Written but not synced, then the power goes: a torn half of the next records stays.
-        {
-            let inner = store.lock();
-            for e in blanks(4..6) {
-                inner.disk.append(&encode_entry(&e)).unwrap();
-            }
-        }
-        let disk2 = disk.crash(|extra| extra / 2 + 3);
-        let vote2 = vote.crash(|_| 0);
-        let (mut store2, rec) = LogStore::open(Arc::new(disk2.clone()), Arc::new(vote2))
-            .await
-            .unwrap();
-        assert!(rec.entries >= 3 && rec.entries <= 4, "{rec:?}");
-        assert!(rec.cut_bytes > 0);
-        assert_eq!(
-            rec.tail,
-            LogTail::Torn,
-            "unsynced bytes a crash tore need no repair"
-        );
-        assert!(!rec.repairing());
-        assert_eq!(store2.read_vote().await.unwrap(), Some(Vote::new(2, 1)));
-        let got = store2.try_get_log_entries(1..).await.unwrap();
-        assert_eq!(got.len(), rec.entries);
-        assert_eq!(disk2.written_len(), disk2.synced_len(), "the cut is synced");
-        // Truncation is durable once it returns.
-        store2.truncate(lid(2, 2)).await.unwrap();
-        let disk3 = disk2.crash(|_| 0);
-        let vote3 = SimDisk::new(Duration::from_millis(1), SyncBehaviour::Honest);
-        let (mut store3, _) = LogStore::open(Arc::new(disk3), Arc::new(vote3))
-            .await
-            .unwrap();
-        let left = store3.try_get_log_entries(..).await.unwrap();
-        assert_eq!(
-            left.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
-            vec![1]
-        );
-    }
-
-    #[tokio::test]
-    async fn file_log_survives_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        let open = || async {
-            LogStore::open(
-                Arc::new(FileDisk::open(&dir.path().join("raft.log")).unwrap()),
-                Arc::new(FileDisk::open(&dir.path().join("vote")).unwrap()),
-            )
-            .await
-            .unwrap()
-        };
-        let (mut store, _) = open().await;
-        store.save_vote(&Vote::new_committed(5, 2)).await.unwrap();
-        write(
-            &store,
-            (1..=3)
-                .map(|i| Entry {
-                    log_id: lid(5, i),
-                    payload: EntryPayload::Blank,
-                })
-                .collect(),
-        )
-        .await;
-        drop(store);
-        let (mut store, rec) = open().await;
-        assert_eq!(rec.entries, 3);
-        assert_eq!(
-            store.read_vote().await.unwrap(),
-            Some(Vote::new_committed(5, 2))
-        );
-        assert_eq!(store.last_log_id(), Some(lid(5, 3)));
+fn payload_records(p: &EntryPayload<KilnRaft>) -> u32 {
+    match p {
+        EntryPayload::Normal(p) => p.record_count(),
+        _ => 0,
     }
 }
 
-#[cfg(test)]
-mod damage_tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-    use crate::disk::{SimDisk, SyncBehaviour};
-    use crate::recovery::LogTail;
-    use openraft::{CommittedLeaderId, EntryPayload};
-    use std::time::Duration;
-
-    fn disk() -> SimDisk {
-        SimDisk::new(Duration::from_millis(1), SyncBehaviour::Honest)
-    }
-
-    async fn open(log: &SimDisk, vote: &SimDisk) -> (LogStore, LogRecovery) {
-        LogStore::open(Arc::new(log.clone()), Arc::new(vote.clone()))
-            .await
-            .unwrap()
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn damage_is_remembered_until_the_repair_is_recorded() {
-        let (log, vote) = (disk(), disk());
-        let (mut store, _) = open(&log, &vote).await;
-        store.save_vote(&Vote::new_committed(3, 2)).await.unwrap();
-        for i in 0..6 {
-            let entry = Entry {
-                log_id: LogId::new(CommittedLeaderId::new(3, 0), i),
-                payload: EntryPayload::Blank,
-            };
-            log.append(&encode_entry(&entry)).unwrap();
-        }
-        log.sync().await.unwrap();
-        drop(store);
-        // A flipped bit in entry 2 while the replica is down.
-        let (log, vote) = (log.crash(|_| 0), vote.crash(|_| 0));
-        log.rot(|b| b[3 * 33 - 5] ^= 0x20);
-        let (mut store, rec) = open(&log, &vote).await;
-        assert!(matches!(rec.tail, LogTail::Damaged(d) if d.first_lost_index == 2));
-        assert_eq!(rec.entries, 2);
-        assert_eq!(rec.guard.repair_until, Some(5));
-        assert!(store.health().repairing(), "no metrics yet: repairing");
-        // Uncommitted while repairing, so openraft does not restore it as leader.
-        assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new(3, 2)));
-        // The cut log alone no longer shows the damage; the vote file still does.
-        let (log, vote) = (log.crash(|_| 0), vote.crash(|_| 0));
-        let (store, rec) = open(&log, &vote).await;
-        assert_eq!(rec.tail, LogTail::Clean);
-        assert_eq!(rec.guard.repair_until, Some(5));
-        store.lift_guard().await.unwrap();
-        assert!(!store.health().repairing());
-        let (log, vote) = (log.crash(|_| 0), vote.crash(|_| 0));
-        let (mut store, rec) = open(&log, &vote).await;
-        assert!(!rec.repairing());
-        assert_eq!(
-            store.read_vote().await.unwrap(),
-            Some(Vote::new_committed(3, 2))
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_lost_vote_record_sets_a_floor_that_survives_restarts() {
-        let (log, vote) = (disk(), disk());
-        let (mut store, _) = open(&log, &vote).await;
-        store.save_vote(&Vote::new(4, 1)).await.unwrap();
-        store.save_vote(&Vote::new(9, 3)).await.unwrap();
-        drop(store);
-        let (log, vote) = (log.crash(|_| 0), vote.crash(|_| 0));
-        let len = vote.synced_len();
-        // Both copies of the latest save damaged (one bad sector, say).
-        vote.rot(|b| {
-            b[len - 10] ^= 1;
-            b[len - 10 - 46] ^= 1;
-        });
-        let (mut store, rec) = open(&log, &vote).await;
-        assert!(rec.vote.latest_lost);
-        assert_eq!(rec.guard.vote_floor, Some(4));
-        assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new(4, 1)));
-        store.save_vote(&Vote::new(5, 2)).await.unwrap();
-        drop(store);
-        let (log, vote) = (log.crash(|_| 0), vote.crash(|_| 0));
-        let (mut store, rec) = open(&log, &vote).await;
-        assert!(!rec.vote.latest_lost);
-        assert_eq!(
-            rec.guard.vote_floor,
-            Some(4),
-            "the floor is in every later save"
-        );
-        assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new(5, 2)));
-    }
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }

@@ -1,21 +1,22 @@
-//! [`ReplicatedPartition`]: one replica of a partition replicated by Raft.
+//! [`ReplicatedPartition`]: one replica of a Raft group whose log is a kiln-log directory.
 
 use std::collections::BTreeSet;
 use std::io;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
+use kiln_log::fs::Fs;
+use kiln_log::{LogConfig, ReadResult, SegmentInfo, TimestampLookup};
 use openraft::error::{ClientWriteError, InitializeError, RaftError};
-use openraft::{Config, EntryPayload, RaftNetworkFactory, ServerState, SnapshotPolicy};
+use openraft::{Config, RaftNetworkFactory, ServerState, SnapshotPolicy};
 
-use crate::disk::Disk;
 use crate::guard::{GuardedNetwork, ReplicaHealth};
 use crate::log_store::{LogRecovery, LogStore};
-use crate::state_machine::StateMachine;
-use crate::types::{Batches, KilnRaft, NodeId, Raft};
-
-/// Kafka's partitionLeaderEpoch field of a RecordBatch v2 header.
-const PARTITION_LEADER_EPOCH: std::ops::Range<usize> = 12..16;
+use crate::payload::{Command, Payload};
+use crate::proposer::Proposer;
+use crate::state_machine::{core_read_mode, GroupKind, StateMachine};
+use crate::types::{KilnRaft, NodeId, Raft};
 
 /// An acknowledged append: committed on a majority, each of which had it fsynced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,14 +25,6 @@ pub struct AppendAck {
     pub last_offset: i64,
     /// The Raft term it was written in: the Kafka leader epoch.
     pub leader_epoch: u64,
-}
-
-/// One batch as read: bytes as stored, with the base offset and leader epoch stamped.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReadBatch {
-    pub base_offset: i64,
-    pub leader_epoch: u64,
-    pub bytes: Bytes,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -47,8 +40,12 @@ pub enum PartitionError {
     Stopped(String),
     #[error("storage: {0}")]
     Storage(#[from] io::Error),
-    #[error("offset {offset} is out of range (high watermark {high_watermark})")]
-    OffsetOutOfRange { offset: i64, high_watermark: i64 },
+    #[error("offset {offset} is out of range: the log holds [{log_start}, {log_end})")]
+    OffsetOutOfRange {
+        offset: i64,
+        log_start: i64,
+        log_end: i64,
+    },
 }
 
 impl PartitionError {
@@ -58,106 +55,152 @@ impl PartitionError {
             PartitionError::NotLeader { leader } => PartitionError::NotLeader { leader: *leader },
             PartitionError::OffsetOutOfRange {
                 offset,
-                high_watermark,
+                log_start,
+                log_end,
             } => PartitionError::OffsetOutOfRange {
                 offset: *offset,
-                high_watermark: *high_watermark,
+                log_start: *log_start,
+                log_end: *log_end,
             },
             other => PartitionError::Stopped(other.to_string()),
         }
     }
 }
 
-/// The Raft settings Kiln uses for a partition. Snapshots are never built (the log is the
-/// partition, so there is nothing to compact into one).
+/// The Raft timings and sizes a broker runs with unless configured otherwise (the broker's
+/// `[cluster]` defaults and the simulation both use these). A 100 ms heartbeat: openraft gives
+/// each AppendEntries one heartbeat to finish, a follower's fsync included.
+pub const HEARTBEAT_MS: u64 = 100;
+pub const ELECTION_TIMEOUT_MIN_MS: u64 = 300;
+pub const ELECTION_TIMEOUT_MAX_MS: u64 = 600;
+/// Entries per AppendEntries: with entries of up to [`ENTRY_BYTES_MAX`], one message stays
+/// within what a heartbeat interval can carry and fsync.
+pub const PAYLOAD_ENTRIES_MAX: u64 = 4;
+/// The proposer joins queued appends into entries of up to this many bytes.
+pub const ENTRY_BYTES_MAX: usize = 1 << 20;
+
+/// The production settings: [`raft_config`] with the timings above.
+pub fn production_config() -> Config {
+    let mut c = raft_config(HEARTBEAT_MS, ELECTION_TIMEOUT_MIN_MS, ELECTION_TIMEOUT_MAX_MS);
+    c.max_payload_entries = PAYLOAD_ENTRIES_MAX;
+    c
+}
+
+/// The Raft settings Kiln uses for a group. Snapshots are asked for by the state machine
+/// (retention moved the log start, or a table's log grew), never on openraft's own schedule,
+/// and the log up to a snapshot is purged at once.
 pub fn raft_config(heartbeat_ms: u64, election_min_ms: u64, election_max_ms: u64) -> Config {
     Config {
-        cluster_name: "kiln-partition".to_string(),
+        cluster_name: "kiln".to_string(),
         heartbeat_interval: heartbeat_ms,
         election_timeout_min: election_min_ms,
         election_timeout_max: election_max_ms,
         snapshot_policy: SnapshotPolicy::Never,
+        max_in_snapshot_log_to_keep: 0,
         max_payload_entries: 64,
         ..Config::default()
     }
 }
 
-/// One replica of a partition: a Raft node whose log holds the partition's record batches.
+/// How to start a replica.
+pub struct StartOptions {
+    pub id: NodeId,
+    pub config: Config,
+    pub fs: Arc<dyn Fs>,
+    /// The replica's directory: its log segments, `vote` and `state`.
+    pub dir: PathBuf,
+    pub log: LogConfig,
+    pub kind: GroupKind,
+    /// The group has other replicas to repair from (see [`LogStore::open`]).
+    pub repairable: bool,
+    /// Whether the repair guard is enforced. Off only in the simulation's demonstration that it
+    /// matters.
+    pub enforce_guard: bool,
+    /// The proposer's entry size bound ([`ENTRY_BYTES_MAX`] by default).
+    pub max_entry_bytes: usize,
+    /// A table group snapshots after this many applied entries.
+    pub table_snapshot_every: u64,
+}
+
+impl StartOptions {
+    /// A data partition's replica in `dir` with the default log settings, repairable from its
+    /// peers, the guard enforced.
+    pub fn data(id: NodeId, config: Config, fs: Arc<dyn Fs>, dir: impl Into<PathBuf>) -> StartOptions {
+        StartOptions {
+            id,
+            config,
+            fs,
+            dir: dir.into(),
+            log: LogConfig::default(),
+            kind: GroupKind::Data,
+            repairable: true,
+            enforce_guard: true,
+            max_entry_bytes: ENTRY_BYTES_MAX,
+            table_snapshot_every: crate::state_machine::TABLE_SNAPSHOT_EVERY_ENTRIES,
+        }
+    }
+}
+
+/// One replica: a Raft node whose log holds the group's record batches.
 #[derive(Clone)]
 pub struct ReplicatedPartition {
     id: NodeId,
     raft: Raft,
-    log: LogStore,
+    store: LogStore,
     state: StateMachine,
     health: ReplicaHealth,
+    proposer: Proposer,
 }
 
 impl ReplicatedPartition {
-    /// Recovers the log from `log_disk` and `vote_disk` and starts the Raft node. If recovery
-    /// found damage, the replica starts repairing ([`ReplicatedPartition::repairing`]).
-    pub async fn start<N>(
-        id: NodeId,
-        config: Config,
-        log_disk: Arc<dyn Disk>,
-        vote_disk: Arc<dyn Disk>,
-        network: N,
-    ) -> Result<(ReplicatedPartition, LogRecovery), PartitionError>
+    /// Recovers the replica's files and starts its Raft node. If recovery found damage, the
+    /// replica starts repairing ([`ReplicatedPartition::repairing`]).
+    pub async fn start<N>(opts: StartOptions, network: N) -> Result<(ReplicatedPartition, LogRecovery), PartitionError>
     where
         N: RaftNetworkFactory<KilnRaft>,
     {
-        Self::start_guarded(id, config, log_disk, vote_disk, network, true).await
-    }
-
-    /// [`ReplicatedPartition::start`], with the repair guard enforced or not. Only the
-    /// simulation turns it off, to show what it prevents.
-    #[doc(hidden)]
-    pub async fn start_guarded<N>(
-        id: NodeId,
-        config: Config,
-        log_disk: Arc<dyn Disk>,
-        vote_disk: Arc<dyn Disk>,
-        network: N,
-        enforce_guard: bool,
-    ) -> Result<(ReplicatedPartition, LogRecovery), PartitionError>
-    where
-        N: RaftNetworkFactory<KilnRaft>,
-    {
-        let mut config = config
+        let mut config = opts
+            .config
             .validate()
             .map_err(|e| PartitionError::Stopped(e.to_string()))?;
-        let (log, recovery) = LogStore::open(log_disk, vote_disk).await?;
-        let health = log.health();
-        health.set_enforced(enforce_guard);
-        let guarded = enforce_guard && !health.guard().is_clear();
+        let (store, recovery) =
+            LogStore::open(opts.fs, &opts.dir, opts.log, opts.repairable).await?;
+        let health = store.health();
+        health.set_enforced(opts.enforce_guard);
+        let guarded = opts.enforce_guard && !health.guard().is_clear();
         let elect_wanted = config.enable_elect;
         let pause_max = std::time::Duration::from_millis(config.election_timeout_max);
         if guarded {
             // No election timer until the guard is met (openraft reads this at start).
             config.enable_elect = false;
         }
-        let state = StateMachine::new(log.clone());
+        let state = StateMachine::open(store.clone(), opts.kind.clone(), opts.table_snapshot_every)?;
         let network = GuardedNetwork {
             inner: network,
             health: health.clone(),
         };
-        let raft = Raft::new(id, Arc::new(config), network, log.clone(), state.clone())
+        let core_store = store.with_mode(core_read_mode(&opts.kind));
+        let raft = Raft::new(opts.id, Arc::new(config), network, core_store, state.clone())
             .await
             .map_err(|e| PartitionError::Stopped(e.to_string()))?;
         health.attach(raft.metrics());
         tokio::spawn(crate::elections::run(
             raft.clone(),
-            log.clone(),
+            store.clone(),
             guarded,
             elect_wanted,
             pause_max,
         ));
+        tokio::spawn(take_snapshots(raft.clone(), state.clone()));
+        let proposer = Proposer::start(raft.clone(), opts.max_entry_bytes);
         Ok((
             ReplicatedPartition {
-                id,
+                id: opts.id,
                 raft,
-                log,
+                store,
                 state,
                 health,
+                proposer,
             },
             recovery,
         ))
@@ -201,12 +244,31 @@ impl ReplicatedPartition {
         &self.raft
     }
 
+    /// The leader's ordered, coalescing append queue (see [`Proposer`]).
+    pub fn proposer(&self) -> &Proposer {
+        &self.proposer
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.store.log().dir()
+    }
+
     /// Appends one or more concatenated RecordBatch v2 (as a producer sends them) through Raft.
     /// Validated first (kiln-log's checks: lengths, magic, CRC32C); returns once the entry is
     /// committed, that is fsynced on a majority, with the offsets it took.
     pub async fn append(&self, batches: Bytes) -> Result<AppendAck, PartitionError> {
         kiln_log::batch::validate_batches(&batches)?;
-        match self.raft.client_write(Batches(batches)).await {
+        let records = kiln_log::batch::count_records(&batches)?;
+        self.write(Payload::records(batches, records)).await
+    }
+
+    /// Proposes a command (a control entry every replica applies).
+    pub async fn propose(&self, command: Command) -> Result<AppendAck, PartitionError> {
+        self.write(Payload::Command(command)).await
+    }
+
+    async fn write(&self, payload: Payload) -> Result<AppendAck, PartitionError> {
+        match self.raft.client_write(payload).await {
             Ok(resp) => {
                 let applied = resp.data;
                 Ok(AppendAck {
@@ -215,11 +277,9 @@ impl ReplicatedPartition {
                     leader_epoch: applied.leader_epoch,
                 })
             }
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(PartitionError::NotLeader {
-                    leader: f.leader_id,
-                })
-            }
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(PartitionError::NotLeader {
+                leader: f.leader_id,
+            }),
             Err(e) => Err(PartitionError::Stopped(e.to_string())),
         }
     }
@@ -235,7 +295,26 @@ impl ReplicatedPartition {
 
     /// The offset the next record will take here (uncommitted entries included).
     pub fn log_end_offset(&self) -> i64 {
-        self.log.log_end_offset()
+        self.store.log().log_end_offset()
+    }
+
+    /// The first offset a client may read (retention moves it; the same on every replica once
+    /// applied).
+    pub fn log_start_offset(&self) -> i64 {
+        self.store.log().log_start_offset()
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.store.log().size_bytes()
+    }
+
+    pub fn segments(&self) -> Vec<SegmentInfo> {
+        self.store.log().segments()
+    }
+
+    /// The last applied entry's index, if any.
+    pub fn applied_index(&self) -> Option<u64> {
+        self.state.last_applied().map(|l| l.index)
     }
 
     /// The Kafka leader epoch if this replica is the leader now: its Raft term.
@@ -253,57 +332,89 @@ impl ReplicatedPartition {
     }
 
     /// Whole batches from the one holding `offset`, up to `max_bytes` (at least one batch when
-    /// one exists), never at or past the high watermark.
-    pub fn read(&self, offset: i64, max_bytes: usize) -> Result<Vec<ReadBatch>, PartitionError> {
+    /// one exists), never at or past the high watermark, CRC checked, epoch stamped.
+    pub fn read(&self, offset: i64, max_bytes: usize) -> Result<ReadResult, PartitionError> {
         let high_watermark = self.high_watermark();
-        if offset < 0 || offset > high_watermark {
-            return Err(PartitionError::OffsetOutOfRange {
-                offset,
-                high_watermark,
-            });
-        }
-        let inner = self.log.lock();
-        let mut out = Vec::new();
-        let mut bytes_out = 0usize;
-        for row in inner.translator().data_entries_from_offset(offset) {
-            if row.base_offset >= high_watermark {
-                break;
-            }
-            let Some(entry) = inner.entry(row.raft_index) else {
-                break;
-            };
-            let EntryPayload::Normal(Batches(buf)) = &entry.payload else {
-                break;
-            };
-            let epoch = entry.log_id.leader_id.term;
-            let mut base = row.base_offset;
-            for batch in kiln_log::batch::batches(buf) {
-                let batch = batch?;
-                let next = base + i64::from(batch.header.record_count);
-                if next > offset && base < high_watermark {
-                    if !out.is_empty() && bytes_out + batch.bytes.len() > max_bytes {
-                        return Ok(out);
-                    }
-                    let mut stamped = BytesMut::from(batch.bytes);
-                    kiln_log::batch::set_base_offset(&mut stamped, base);
-                    if let Some(field) = stamped.get_mut(PARTITION_LEADER_EPOCH) {
-                        field.copy_from_slice(&(epoch as i32).to_be_bytes());
-                    }
-                    bytes_out += stamped.len();
-                    out.push(ReadBatch {
-                        base_offset: base,
-                        leader_epoch: epoch,
-                        bytes: stamped.freeze(),
-                    });
-                }
-                base = next;
-            }
-        }
-        Ok(out)
+        self.store
+            .log()
+            .read(offset, max_bytes, high_watermark)
+            .map_err(|e| match e {
+                kiln_log::LogError::OffsetOutOfRange {
+                    requested,
+                    log_start,
+                    log_end,
+                } => PartitionError::OffsetOutOfRange {
+                    offset: requested,
+                    log_start,
+                    log_end,
+                },
+                other => PartitionError::InvalidBatch(other),
+            })
     }
 
-    /// Stops the Raft node (the log stays on disk).
+    /// Everything this replica's log holds from `offset`, committed or not. Only the
+    /// simulation's demonstration that the checker catches such a read uses it.
+    #[doc(hidden)]
+    pub fn read_past_high_watermark(&self, offset: i64, max_bytes: usize) -> Result<ReadResult, PartitionError> {
+        Ok(self.store.log().read(offset, max_bytes, i64::MAX)?)
+    }
+
+    /// The first batch whose max timestamp is at or after `ts_ms`, below the high watermark.
+    pub fn lookup_timestamp(&self, ts_ms: i64) -> Result<Option<TimestampLookup>, PartitionError> {
+        Ok(self.store.log().lookup_timestamp(ts_ms, self.high_watermark())?)
+    }
+
+    /// Where retention would move the log start at `now_ms` (entries applied here only): the
+    /// command to propose, if any.
+    pub fn retention_command(&self, now_ms: i64, retention_ms: Option<u64>, retention_bytes: Option<u64>) -> Option<Command> {
+        let applied = self.applied_index()?;
+        let (index, kafka_offset) = self
+            .store
+            .log()
+            .retention_point(now_ms, retention_ms, retention_bytes, applied)?;
+        let term = self
+            .store
+            .log()
+            .read_entries(index, index + 1, 0, kiln_log::ReadMode::Summary)
+            .ok()?
+            .first()?
+            .term;
+        Some(Command::LogStart {
+            index,
+            term,
+            kafka_offset,
+        })
+    }
+
+    /// Stops the Raft node, saves what is applied and closes the log (it stays on disk).
     pub async fn shutdown(&self) {
         let _ = self.raft.shutdown().await;
+        if let Err(e) = self.state.save_now() {
+            tracing::warn!(dir = %self.dir().display(), error = %e, "could not save the applied position at shutdown");
+        }
+        if let Err(e) = self.store.log().close() {
+            tracing::warn!(dir = %self.dir().display(), error = %e, "could not close the log cleanly");
+        }
+    }
+}
+
+/// Builds a snapshot whenever the state machine says one is due (and so purges the log up to
+/// it). Ends with the Raft node.
+async fn take_snapshots(raft: Raft, state: StateMachine) {
+    let wanted = state.snapshot_wanted();
+    let mut metrics = raft.metrics();
+    loop {
+        tokio::select! {
+            _ = wanted.notified() => {
+                if raft.trigger().snapshot().await.is_err() {
+                    return;
+                }
+            }
+            changed = metrics.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+        }
     }
 }

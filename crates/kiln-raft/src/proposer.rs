@@ -17,9 +17,9 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use crate::partition::{AppendAck, PartitionError, ReplicatedPartition};
-use crate::record::record_count;
-use crate::types::Batches;
+use crate::partition::{AppendAck, PartitionError};
+use crate::types::Raft;
+use crate::payload::{Command, Payload};
 
 /// Entries proposed and not yet committed, per partition. Two keep the leader's log busy
 /// (one being fsynced and replicated, the next one waiting) while the rest queue up here.
@@ -29,9 +29,30 @@ const ENTRIES_IN_FLIGHT: usize = 4;
 pub type AppendReceiver = oneshot::Receiver<Result<AppendAck, PartitionError>>;
 
 struct Proposal {
-    batches: Bytes,
-    records: u32,
+    /// Records to join with their neighbours, or a command that goes alone.
+    what: What,
     reply: oneshot::Sender<Result<AppendAck, PartitionError>>,
+}
+
+enum What {
+    Records { batches: Bytes, records: u32 },
+    Command(Command),
+}
+
+impl Proposal {
+    fn len(&self) -> usize {
+        match &self.what {
+            What::Records { batches, .. } => batches.len(),
+            What::Command(_) => 0,
+        }
+    }
+
+    fn records(&self) -> u32 {
+        match &self.what {
+            What::Records { records, .. } => *records,
+            What::Command(_) => 0,
+        }
+    }
 }
 
 /// Cheap to clone; the proposing task ends when every clone is dropped.
@@ -41,10 +62,11 @@ pub struct Proposer {
 }
 
 impl Proposer {
-    /// Starts the proposing task for `partition` (on the current tokio runtime).
-    pub fn start(partition: ReplicatedPartition, max_entry_bytes: usize) -> Proposer {
+    /// Starts the proposing task for the Raft node `raft` (on the current tokio runtime). The
+    /// task holds only the Raft handle, so a partition can own its proposer.
+    pub fn start(raft: Raft, max_entry_bytes: usize) -> Proposer {
         let (queue, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(partition, rx, max_entry_bytes.max(1)));
+        tokio::spawn(run(raft, rx, max_entry_bytes.max(1)));
         Proposer { queue }
     }
 
@@ -54,65 +76,97 @@ impl Proposer {
         let (reply, rx) = oneshot::channel();
         let records = kiln_log::batch::validate_batches(&batches)
             .map_err(PartitionError::from)
-            .and_then(|_| record_count(&batches).map_err(PartitionError::from));
+            .and_then(|_| kiln_log::batch::count_records(&batches).map_err(PartitionError::from));
         match records {
             Err(e) => {
                 let _ = reply.send(Err(e));
             }
-            Ok(records) => {
-                let proposal = Proposal {
-                    batches,
-                    records,
-                    reply,
-                };
-                if let Err(mpsc::error::SendError(p)) = self.queue.send(proposal) {
-                    let _ = p.reply.send(Err(PartitionError::Stopped(
-                        "the partition's proposer has stopped".into(),
-                    )));
-                }
-            }
+            Ok(records) => self.enqueue(Proposal {
+                what: What::Records { batches, records },
+                reply,
+            }),
         }
         rx
+    }
+
+    /// Queues a command behind every earlier submit (it is never joined with records).
+    pub fn submit_command(&self, command: Command) -> AppendReceiver {
+        let (reply, rx) = oneshot::channel();
+        self.enqueue(Proposal {
+            what: What::Command(command),
+            reply,
+        });
+        rx
+    }
+
+    fn enqueue(&self, proposal: Proposal) {
+        if let Err(mpsc::error::SendError(p)) = self.queue.send(proposal) {
+            let _ = p.reply.send(Err(PartitionError::Stopped(
+                "the partition's proposer has stopped".into(),
+            )));
+        }
     }
 }
 
 async fn run(
-    partition: ReplicatedPartition,
+    raft: Raft,
     mut rx: mpsc::UnboundedReceiver<Proposal>,
     max_entry_bytes: usize,
 ) {
     let slots = Arc::new(Semaphore::new(ENTRIES_IN_FLIGHT));
-    while let Some(first) = rx.recv().await {
+    let mut held: Option<Proposal> = None;
+    loop {
+        let first = match held.take() {
+            Some(p) => p,
+            None => match rx.recv().await {
+                Some(p) => p,
+                None => return,
+            },
+        };
         // openraft 0.9 appends and fsyncs one client write at a time. Proposing every request
         // at once would give each its own entry and its own fsync; waiting for a free slot
         // lets the requests that arrive meanwhile join the next entry (group commit).
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
             return;
         };
-        let mut size = first.batches.len();
+        let mut size = first.len();
+        let is_command = matches!(first.what, What::Command(_));
         let mut group = vec![first];
-        // Join what is already queued, in order, up to the entry size bound.
-        while size < max_entry_bytes {
+        // Join what is already queued, in order, up to the entry size bound; a command goes
+        // in an entry of its own.
+        while size < max_entry_bytes && !is_command {
             match rx.try_recv() {
+                Ok(next) if matches!(next.what, What::Command(_)) => {
+                    held = Some(next);
+                    break;
+                }
                 Ok(next) => {
-                    size += next.batches.len();
+                    size += next.len();
                     group.push(next);
                 }
                 Err(_) => break,
             }
         }
-        let payload = if group.len() == 1 {
-            group[0].batches.clone()
-        } else {
-            let mut joined = BytesMut::with_capacity(size);
-            for p in &group {
-                joined.extend_from_slice(&p.batches);
+        let payload = match &group[0].what {
+            What::Command(c) => Payload::Command(*c),
+            What::Records { batches, .. } if group.len() == 1 => {
+                Payload::records(batches.clone(), group[0].records())
             }
-            joined.freeze()
+            What::Records { .. } => {
+                let mut joined = BytesMut::with_capacity(size);
+                let mut records = 0u32;
+                for p in &group {
+                    if let What::Records { batches, records: n } = &p.what {
+                        joined.extend_from_slice(batches);
+                        records = records.saturating_add(*n);
+                    }
+                }
+                Payload::records(joined.freeze(), records)
+            }
         };
         // `client_write_ff` hands the entry to Raft before it returns, so entries enter the
         // log in the order of this loop; only the wait for the commit runs concurrently.
-        match partition.raft().client_write_ff(Batches(payload)).await {
+        match raft.client_write_ff(payload).await {
             Err(fatal) => {
                 drop(slot);
                 let reason = fatal.to_string();
@@ -145,10 +199,10 @@ async fn run(
                             Ok(applied) => {
                                 let ack = AppendAck {
                                     base_offset: base,
-                                    last_offset: base + i64::from(p.records) - 1,
+                                    last_offset: base + i64::from(p.records()) - 1,
                                     leader_epoch: applied.leader_epoch,
                                 };
-                                base += i64::from(p.records);
+                                base += i64::from(p.records());
                                 Ok(ack)
                             }
                             Err(e) => Err(e.duplicate()),

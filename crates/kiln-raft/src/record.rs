@@ -1,30 +1,29 @@
-//! The record formats of the two files a replica keeps (see docs/replication.md, "Log layout").
+//! Small binary encodings kiln-raft keeps on disk and sends to peers: the `vote` file's state
+//! records, votes, memberships and the payloads of command entries. One encoding of each, so
+//! the disk and the wire cannot drift apart.
 //!
-//! `raft.log`: one frame per entry, `[len u32 BE][crc32c u32 BE][payload; len bytes]`, payload
-//! `term u64, 0 u64, index u64, kind u8`, then for kind 1 (data) the batches, for kind 2
-//! (membership) `configs u32, per config: n u32, n × u64, nodes u32, n × u64`; kind 0 (blank)
-//! has nothing more.
+//! `vote`: state records, each framed `[len u32 BE][crc32c u32 BE][payload]`. A state record is
+//! `tag u8 (= 1), copy u8, vote (term u64, has_node u8, node u64, committed u8)`, then the
+//! repair guard's `repair_until`, `repair_term` and `vote_floor`, each `flag u8, u64`. Every save
+//! writes it twice (copy 0, then copy 1, in one write and one fsync), so one damaged frame never
+//! loses the latest state. A bare 18-byte vote is the older format (read, never written).
 //!
-//! `vote`: state records in the same framing. A state record is `tag u8 (= 1), copy u8, vote
-//! (term u64, has_node u8, node u64, committed u8)`, then the repair guard's `repair_until`,
-//! `repair_term` and `vote_floor`, each `flag u8, u64`. Every save writes it twice (copy 0,
-//! then copy 1, in one write and one fsync), so one damaged frame never loses the latest state.
-//! A bare 18-byte vote is the older format (read, never written).
+//! A membership is `configs u32, per config: n u32, n × u64, nodes u32, n × u64`.
 
 use std::collections::BTreeSet;
 
-use bytes::Bytes;
-use openraft::{CommittedLeaderId, EntryPayload, Membership};
+use openraft::Membership;
 
 use crate::guard::Guard;
-use crate::types::{Batches, Entry, LogId, NodeId, Vote};
+use crate::types::{NodeId, Vote};
 
 pub(crate) const FRAME_HEADER: usize = 8;
-const KIND_BLANK: u8 = 0;
-const KIND_DATA: u8 = 1;
-const KIND_MEMBERSHIP: u8 = 2;
-/// Largest record accepted at recovery (a length field past it is a torn or corrupt header).
-pub(crate) const MAX_RECORD_BYTES: usize = 64 << 20;
+
+/// Voters per configuration and nodes per membership a decoder accepts: far above any real
+/// cluster, and a bound on what a damaged or hostile record can make it allocate.
+const MEMBERS_MAX: usize = 1024;
+/// Configurations in one membership (openraft's joint consensus uses at most two).
+const CONFIGS_MAX: usize = 16;
 
 pub(crate) fn frame(payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(FRAME_HEADER + payload.len());
@@ -39,8 +38,11 @@ pub(crate) struct Reader<'a> {
     pub(crate) at: usize,
 }
 
-impl Reader<'_> {
-    pub(crate) fn take(&mut self, n: usize) -> Option<&[u8]> {
+impl<'a> Reader<'a> {
+    pub(crate) fn new(buf: &'a [u8]) -> Reader<'a> {
+        Reader { buf, at: 0 }
+    }
+    pub(crate) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         let out = self.buf.get(self.at..self.at.checked_add(n)?)?;
         self.at += n;
         Some(out)
@@ -48,115 +50,76 @@ impl Reader<'_> {
     pub(crate) fn u64(&mut self) -> Option<u64> {
         Some(u64::from_be_bytes(self.take(8)?.try_into().ok()?))
     }
+    pub(crate) fn i64(&mut self) -> Option<i64> {
+        Some(i64::from_be_bytes(self.take(8)?.try_into().ok()?))
+    }
     pub(crate) fn u32(&mut self) -> Option<u32> {
         Some(u32::from_be_bytes(self.take(4)?.try_into().ok()?))
     }
     pub(crate) fn u8(&mut self) -> Option<u8> {
         Some(*self.take(1)?.first()?)
     }
-    pub(crate) fn rest(&mut self) -> &[u8] {
+    pub(crate) fn rest(&mut self) -> &'a [u8] {
         let out = self.buf.get(self.at..).unwrap_or(&[]);
         self.at = self.buf.len();
         out
     }
-}
-
-/// Counts the records in already-validated batches.
-pub fn record_count(batches: &[u8]) -> Result<u32, kiln_log::LogError> {
-    let mut n: u32 = 0;
-    for batch in kiln_log::batch::batches(batches) {
-        let records = u32::try_from(batch?.header.record_count).unwrap_or(0);
-        n = n.saturating_add(records);
-    }
-    Ok(n)
-}
-
-pub(crate) fn encode_entry(entry: &Entry) -> Vec<u8> {
-    let mut p = Vec::with_capacity(32);
-    encode_entry_payload(entry, &mut p);
-    frame(&p)
-}
-
-/// Appends an entry's payload (a `raft.log` record without its framing) to `p`. The network
-/// transport sends entries in this encoding too, so there is one entry format to keep right.
-pub(crate) fn encode_entry_payload(entry: &Entry, p: &mut Vec<u8>) {
-    p.extend_from_slice(&entry.log_id.leader_id.term.to_be_bytes());
-    // With one leader per term the log id names the term only; the field is kept for a
-    // format that also fits openraft's default (several leaders per term) mode.
-    p.extend_from_slice(&0u64.to_be_bytes());
-    p.extend_from_slice(&entry.log_id.index.to_be_bytes());
-    match &entry.payload {
-        EntryPayload::Blank => p.push(KIND_BLANK),
-        EntryPayload::Normal(Batches(bytes)) => {
-            p.push(KIND_DATA);
-            p.extend_from_slice(bytes);
-        }
-        EntryPayload::Membership(m) => {
-            p.push(KIND_MEMBERSHIP);
-            let configs = m.get_joint_config();
-            p.extend_from_slice(&(configs.len() as u32).to_be_bytes());
-            for config in configs {
-                p.extend_from_slice(&(config.len() as u32).to_be_bytes());
-                for id in config {
-                    p.extend_from_slice(&id.to_be_bytes());
-                }
-            }
-            let nodes: Vec<NodeId> = m.nodes().map(|(id, _)| *id).collect();
-            p.extend_from_slice(&(nodes.len() as u32).to_be_bytes());
-            for id in nodes {
-                p.extend_from_slice(&id.to_be_bytes());
-            }
-        }
+    pub(crate) fn done(&self) -> bool {
+        self.at == self.buf.len()
     }
 }
 
-pub(crate) fn decode_entry(payload: &[u8]) -> Option<Entry> {
-    let mut r = Reader {
-        buf: payload,
-        at: 0,
-    };
-    let term = r.u64()?;
-    let node = r.u64()?;
-    let index = r.u64()?;
-    let log_id = LogId::new(CommittedLeaderId::new(term, node), index);
-    let payload = match r.u8()? {
-        KIND_BLANK => EntryPayload::Blank,
-        KIND_DATA => EntryPayload::Normal(Batches(Bytes::copy_from_slice(r.rest()))),
-        KIND_MEMBERSHIP => {
-            let n = r.u32()? as usize;
-            let mut configs = Vec::new();
-            for _ in 0..n.min(16) {
-                let k = r.u32()? as usize;
-                let mut set = BTreeSet::new();
-                for _ in 0..k.min(1024) {
-                    set.insert(r.u64()?);
-                }
-                configs.push(set);
-            }
-            let k = r.u32()? as usize;
-            let mut nodes = BTreeSet::new();
-            for _ in 0..k.min(1024) {
-                nodes.insert(r.u64()?);
-            }
-            EntryPayload::Membership(Membership::new(configs, nodes))
+pub(crate) fn encode_membership(m: &Membership<NodeId, openraft::EmptyNode>, p: &mut Vec<u8>) {
+    let configs = m.get_joint_config();
+    p.extend_from_slice(&(configs.len() as u32).to_be_bytes());
+    for config in configs {
+        p.extend_from_slice(&(config.len() as u32).to_be_bytes());
+        for id in config {
+            p.extend_from_slice(&id.to_be_bytes());
         }
-        _ => return None,
-    };
-    Some(Entry { log_id, payload })
+    }
+    let nodes: Vec<NodeId> = m.nodes().map(|(id, _)| *id).collect();
+    p.extend_from_slice(&(nodes.len() as u32).to_be_bytes());
+    for id in nodes {
+        p.extend_from_slice(&id.to_be_bytes());
+    }
 }
 
-pub(crate) fn entry_records(entry: &Entry) -> u32 {
-    match &entry.payload {
-        EntryPayload::Normal(Batches(bytes)) => record_count(bytes).unwrap_or(0),
-        _ => 0,
+pub(crate) fn decode_membership(r: &mut Reader<'_>) -> Option<Membership<NodeId, openraft::EmptyNode>> {
+    let n = r.u32()? as usize;
+    if n > CONFIGS_MAX {
+        return None;
     }
+    let mut configs = Vec::with_capacity(n);
+    for _ in 0..n {
+        let k = r.u32()? as usize;
+        if k > MEMBERS_MAX {
+            return None;
+        }
+        let mut set = BTreeSet::new();
+        for _ in 0..k {
+            set.insert(r.u64()?);
+        }
+        configs.push(set);
+    }
+    let k = r.u32()? as usize;
+    if k > MEMBERS_MAX {
+        return None;
+    }
+    let mut nodes = BTreeSet::new();
+    for _ in 0..k {
+        nodes.insert(r.u64()?);
+    }
+    // openraft requires every voter to be a node.
+    if configs.iter().flatten().any(|v| !nodes.contains(v)) {
+        return None;
+    }
+    Some(Membership::new(configs, nodes))
 }
 
 /// Length of an encoded vote (`term u64, has_node u8, node u64, committed u8`).
 pub(crate) const VOTE_BYTES: usize = 18;
 
-/// Appends a vote's payload (a `vote` record without its framing) to `p`; the network
-/// transport uses the same encoding.
 pub(crate) fn encode_vote_payload(vote: &Vote, p: &mut Vec<u8>) {
     p.extend_from_slice(&vote.leader_id.term.to_be_bytes());
     match vote.leader_id.voted_for {
@@ -173,10 +136,7 @@ pub(crate) fn encode_vote_payload(vote: &Vote, p: &mut Vec<u8>) {
 }
 
 pub(crate) fn decode_vote(payload: &[u8]) -> Option<Vote> {
-    let mut r = Reader {
-        buf: payload,
-        at: 0,
-    };
+    let mut r = Reader::new(payload);
     let term = r.u64()?;
     let has_node = r.u8()? != 0;
     let node = r.u64()?;
@@ -189,10 +149,6 @@ pub(crate) fn decode_vote(payload: &[u8]) -> Option<Vote> {
         committed,
     })
 }
-
-/// Smallest entry payload (a blank entry): the scanner's bound on how far indexes can advance
-/// in a given number of bytes.
-pub(crate) const MIN_ENTRY_PAYLOAD: usize = 25;
 
 /// Payload length of a state record in `vote`.
 pub(crate) const STATE_BYTES: usize = 2 + VOTE_BYTES + 3 * 9;
@@ -250,10 +206,7 @@ pub(crate) fn decode_state(payload: &[u8]) -> Option<StateRecord> {
     if payload.len() != STATE_BYTES {
         return None;
     }
-    let mut r = Reader {
-        buf: payload,
-        at: 0,
-    };
+    let mut r = Reader::new(payload);
     if r.u8()? != STATE_TAG {
         return None;
     }
@@ -285,4 +238,34 @@ pub(crate) fn decode_state(payload: &[u8]) -> Option<StateRecord> {
         },
         copy: Some(copy),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn memberships_round_trip_and_bad_ones_are_refused() {
+        let m = Membership::new(
+            vec![BTreeSet::from([1, 2, 3])],
+            BTreeSet::from([1, 2, 3, 4]),
+        );
+        let mut p = Vec::new();
+        encode_membership(&m, &mut p);
+        let back = decode_membership(&mut Reader::new(&p)).unwrap();
+        assert_eq!(format!("{back:?}"), format!("{m:?}"));
+        for cut in 0..p.len() {
+            let mut r = Reader::new(&p[..cut]);
+            assert!(decode_membership(&mut r).is_none() || !r.done() || cut == p.len());
+        }
+        // A voter that is not a node, and absurd counts.
+        let mut bad = Vec::new();
+        bad.extend_from_slice(&1u32.to_be_bytes());
+        bad.extend_from_slice(&1u32.to_be_bytes());
+        bad.extend_from_slice(&9u64.to_be_bytes());
+        bad.extend_from_slice(&0u32.to_be_bytes());
+        assert!(decode_membership(&mut Reader::new(&bad)).is_none());
+        assert!(decode_membership(&mut Reader::new(&u32::MAX.to_be_bytes())).is_none());
+    }
 }

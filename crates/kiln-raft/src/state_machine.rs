@@ -1,28 +1,66 @@
-//! The state machine of a replicated partition. The records already live in the Raft log
-//! (`log_store`), so applying a committed entry only moves the high watermark: the Kafka
-//! offset after the last applied record. It is kept in memory and rebuilt on start by
-//! re-applying the log (openraft re-applies from `applied_state`, which starts empty).
+//! The state machine of a replica: what applying committed entries does.
+//!
+//! Two kinds of group:
+//! * a **data** partition's records already live in its log, so applying an entry only moves the
+//!   high watermark (the Kafka offset after the last applied record) and carries out commands
+//!   (retention's [`Command::LogStart`]). Its snapshot carries no data: only where the log starts
+//!   (the last purged entry and the first Kafka offset), so a follower behind the leader's log
+//!   start installs it and fetches from there;
+//! * a **table** group (the consumer offsets, the cluster metadata) applies its records to a
+//!   [`Table`] the broker provides, and its snapshot is that table: the log up to it is purged,
+//!   so replaying after a restart or a leader change costs what the table holds, not every
+//!   record ever written.
+//!
+//! The `state` file (`state.rs`) keeps the applied position (a data partition's, every
+//! [`SAVE_EVERY_ENTRIES`] entries, never past what its log has synced; a table group's with
+//! each snapshot), so a restart neither re-reads the log nor starts below what it served.
 
 use std::io::Cursor;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use bytes::Bytes;
+use kiln_log::ReadMode;
 use openraft::storage::RaftStateMachine;
 use openraft::{
     AnyError, EmptyNode, EntryPayload, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta,
     StorageIOError, StoredMembership,
 };
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 use crate::log_store::LogStore;
-use crate::record::record_count;
-use crate::types::{Applied, Batches, Entry, KilnRaft, LogId, NodeId, StorageError};
+use crate::payload::{Command, Payload};
+use crate::record::Reader;
+use crate::state::{GroupState, LogStart};
+use crate::types::{Applied, Entry, KilnRaft, LogId, NodeId, StorageError};
 
-#[derive(Debug)]
+/// A data partition saves its applied position at least this often (entries).
+pub const SAVE_EVERY_ENTRIES: u64 = 4096;
+/// A table group snapshots (and purges its log) once this many entries were applied since the
+/// last snapshot.
+pub const TABLE_SNAPSHOT_EVERY_ENTRIES: u64 = 20_000;
+
+/// The state a table group keeps (see the module docs). Every call is made under the state
+/// machine's lock, in log order.
+pub trait Table: Send + Sync + 'static {
+    /// Applies the records of one committed entry (`batches` as stored: offsets stamped).
+    fn apply(&self, index: u64, kafka_offset: i64, batches: &Bytes);
+    /// The whole table, for a snapshot.
+    fn snapshot(&self) -> Vec<u8>;
+    /// Replaces the table with a snapshot's. An error leaves the replica stopped.
+    fn restore(&self, snapshot: &[u8]) -> Result<(), String>;
+}
+
+#[derive(Clone)]
+pub enum GroupKind {
+    Data,
+    Table(Arc<dyn Table>),
+}
+
 struct SmInner {
-    last_applied: Option<LogId>,
-    membership: StoredMembership<NodeId, EmptyNode>,
-    /// The high watermark: the offset after every applied record.
-    next_offset: i64,
+    state: GroupState,
+    /// The high watermark: the Kafka offset after every applied record.
+    next_kafka: i64,
+    since_save: u64,
 }
 
 /// See the module docs. Cheap to clone.
@@ -30,33 +68,99 @@ struct SmInner {
 pub struct StateMachine {
     inner: Arc<Mutex<SmInner>>,
     high_watermark: Arc<watch::Sender<i64>>,
-    log: LogStore,
+    store: LogStore,
+    kind: GroupKind,
+    /// Woken when a snapshot is due (the log start moved, or a table grew a log behind it).
+    snapshot_wanted: Arc<Notify>,
+    table_snapshot_every: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("entry {index}: the log translated it to offsets {log:?}, applying gives {applied:?}")]
-struct OffsetMismatch {
-    index: u64,
-    log: Option<std::ops::Range<i64>>,
-    applied: std::ops::Range<i64>,
+#[error("{0}")]
+struct SmError(String);
+
+fn sm_err(e: impl Into<String>) -> AnyError {
+    AnyError::new(&SmError(e.into()))
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("snapshots are not supported: the log is never purged")]
-struct NoSnapshots;
+const SNAPSHOT_DATA: u8 = 1;
+const SNAPSHOT_TABLE: u8 = 2;
+
+fn encode_snapshot(kafka_offset: i64, table: Option<&[u8]>) -> Vec<u8> {
+    let mut p = Vec::with_capacity(9 + table.map_or(0, <[u8]>::len));
+    p.push(if table.is_some() { SNAPSHOT_TABLE } else { SNAPSHOT_DATA });
+    p.extend_from_slice(&kafka_offset.to_be_bytes());
+    if let Some(t) = table {
+        p.extend_from_slice(t);
+    }
+    p
+}
+
+fn decode_snapshot(bytes: &[u8]) -> Option<(i64, Option<&[u8]>)> {
+    let mut r = Reader::new(bytes);
+    let kind = r.u8()?;
+    let kafka = r.i64()?;
+    match kind {
+        SNAPSHOT_DATA if r.done() => Some((kafka, None)),
+        SNAPSHOT_TABLE => Some((kafka, Some(r.rest()))),
+        _ => None,
+    }
+}
 
 impl StateMachine {
-    pub fn new(log: LogStore) -> StateMachine {
-        let (tx, _) = watch::channel(0);
-        StateMachine {
+    /// Loads the `state` file beside the log and brings the log in line with it: entries the
+    /// log start covers are purged (a crash may have come between saving it and purging), a log
+    /// behind it starts over there, a table is restored.
+    pub fn open(store: LogStore, kind: GroupKind, table_snapshot_every: u64) -> std::io::Result<StateMachine> {
+        let shared = &store.shared;
+        let mut state = GroupState::load(shared.fs.as_ref(), &shared.dir)?.unwrap_or_default();
+        let log = &shared.log;
+        if let Some(ls) = state.log_start {
+            let p = ls.last_purged;
+            if log.tail().next_index <= p.index {
+                log.reset(p.index + 1, ls.kafka_offset, p.leader_id.term)
+                    .map_err(std::io::Error::other)?;
+            } else {
+                log.purge_through(p.index).map_err(std::io::Error::other)?;
+            }
+            log.advance_log_start(ls.kafka_offset);
+        }
+        let (first, _) = log.first();
+        let tail = log.tail();
+        if let Some(a) = state.applied {
+            if a.index >= tail.next_index {
+                // Damage cut the log below what was applied: apply again what comes back.
+                let kept = tail.next_index.checked_sub(1).filter(|&i| i + 1 > first);
+                tracing::warn!(dir = %shared.dir.display(), applied = a.index, log_end = tail.next_index, "the log ends before the applied position; applying again from the log's end");
+                state.applied = kept.map(|i| LogId::new(openraft::CommittedLeaderId::new(tail.last_term, 0), i));
+            }
+        }
+        // What a snapshot covers is applied, whatever the log still holds.
+        if let Some(ls) = state.log_start {
+            if state.applied < Some(ls.last_purged) {
+                state.applied = Some(ls.last_purged);
+            }
+        }
+        if let (GroupKind::Table(table), Some(bytes)) = (&kind, &state.table) {
+            table.restore(bytes).map_err(std::io::Error::other)?;
+        }
+        let next_kafka = match state.applied {
+            Some(a) if a.index + 1 >= first => log.kafka_after(a.index).map_err(std::io::Error::other)?,
+            _ => log.log_start_offset(),
+        };
+        let (tx, _) = watch::channel(next_kafka);
+        Ok(StateMachine {
             inner: Arc::new(Mutex::new(SmInner {
-                last_applied: None,
-                membership: StoredMembership::default(),
-                next_offset: 0,
+                state,
+                next_kafka,
+                since_save: 0,
             })),
             high_watermark: Arc::new(tx),
-            log,
-        }
+            store,
+            kind,
+            snapshot_wanted: Arc::new(Notify::new()),
+            table_snapshot_every: table_snapshot_every.max(1),
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, SmInner> {
@@ -65,7 +169,7 @@ impl StateMachine {
 
     /// Kafka offset below which records are committed and applied: consumers read below it.
     pub fn high_watermark(&self) -> i64 {
-        self.lock().next_offset
+        self.lock().next_kafka
     }
 
     /// Changes of the high watermark (fetch long polls, acks).
@@ -74,21 +178,82 @@ impl StateMachine {
     }
 
     pub fn last_applied(&self) -> Option<LogId> {
-        self.lock().last_applied
+        self.lock().state.applied
+    }
+
+    /// Resolves when a snapshot is due.
+    pub fn snapshot_wanted(&self) -> Arc<Notify> {
+        self.snapshot_wanted.clone()
+    }
+
+    /// Saves the applied position (never past what the log has synced).
+    fn save(&self, inner: &mut SmInner) -> std::io::Result<()> {
+        let shared = &self.store.shared;
+        let durable = shared.log.durable_tail();
+        let mut state = inner.state.clone();
+        if let Some(a) = state.applied {
+            if a.index >= durable.next_index {
+                state.applied = durable.next_index.checked_sub(1).map(|i| {
+                    LogId::new(openraft::CommittedLeaderId::new(durable.last_term, 0), i)
+                });
+            }
+        }
+        if let Some(ls) = state.log_start {
+            if state.applied < Some(ls.last_purged) {
+                state.applied = Some(ls.last_purged);
+            }
+        }
+        if matches!(self.kind, GroupKind::Table(_)) {
+            // A table group's file is its snapshot: written with the table only.
+            return Ok(());
+        }
+        state.save(shared.fs.as_ref(), &shared.dir)?;
+        inner.since_save = 0;
+        Ok(())
+    }
+
+    /// Saves what is applied (a clean shutdown).
+    pub fn save_now(&self) -> std::io::Result<()> {
+        let mut inner = self.lock();
+        self.save(&mut inner)
     }
 }
 
 impl RaftSnapshotBuilder<KilnRaft> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<KilnRaft>, StorageError> {
-        let inner = self.lock();
+        let mut inner = self.lock();
+        let (last_log_id, data) = match &self.kind {
+            GroupKind::Data => {
+                let kafka = inner.state.log_start.map_or(0, |l| l.kafka_offset);
+                (inner.state.log_start.map(|l| l.last_purged), encode_snapshot(kafka, None))
+            }
+            GroupKind::Table(table) => {
+                let bytes = table.snapshot();
+                let applied = inner.state.applied;
+                inner.state.table = Some(Bytes::from(bytes.clone()));
+                if let Some(a) = applied {
+                    inner.state.log_start = Some(LogStart {
+                        last_purged: a,
+                        kafka_offset: inner.next_kafka,
+                    });
+                }
+                let shared = &self.store.shared;
+                inner
+                    .state
+                    .save(shared.fs.as_ref(), &shared.dir)
+                    .map_err(|e| StorageIOError::write_snapshot(None, AnyError::new(&e)))?;
+                inner.since_save = 0;
+                (applied, encode_snapshot(inner.next_kafka, Some(&bytes)))
+            }
+        };
         let meta = SnapshotMeta {
-            last_log_id: inner.last_applied,
-            last_membership: inner.membership.clone(),
-            snapshot_id: format!("{:?}", inner.last_applied),
+            last_log_id,
+            last_membership: inner.state.membership.clone(),
+            snapshot_id: format!("{last_log_id:?}"),
         };
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(Vec::new())),
+            snapshot: Box::new(Cursor::new(data)),
         })
     }
 }
@@ -100,7 +265,7 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
         &mut self,
     ) -> Result<(Option<LogId>, StoredMembership<NodeId, EmptyNode>), StorageError> {
         let inner = self.lock();
-        Ok((inner.last_applied, inner.membership.clone()))
+        Ok((inner.state.applied, inner.state.membership.clone()))
     }
 
     async fn apply<I>(&mut self, entries: I) -> Result<Vec<Applied>, StorageError>
@@ -109,47 +274,97 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
         I::IntoIter: OptionalSend,
     {
         let mut out = Vec::new();
-        let hw = {
-            let mut inner = self.lock();
-            for entry in entries {
-                let index = entry.log_id.index;
-                let term = entry.log_id.leader_id.term;
-                let count = match &entry.payload {
-                    EntryPayload::Normal(Batches(bytes)) => record_count(bytes).map_err(|e| {
-                        StorageIOError::read_log_entry(entry.log_id, AnyError::new(&e))
-                    })?,
-                    EntryPayload::Membership(m) => {
-                        inner.membership = StoredMembership::new(Some(entry.log_id), m.clone());
-                        0
+        let mut inner = self.lock();
+        let mut must_save = false;
+        for entry in entries {
+            let index = entry.log_id.index;
+            let term = entry.log_id.leader_id.term;
+            let base = inner.next_kafka;
+            let mismatch = |k: i64| {
+                StorageIOError::apply(
+                    entry.log_id,
+                    sm_err(format!(
+                        "entry {index} holds Kafka offset {k}, applying in order gives {base}"
+                    )),
+                )
+            };
+            let count = match &entry.payload {
+                EntryPayload::Normal(Payload::Records {
+                    batches,
+                    record_count,
+                    kafka_offset,
+                }) => {
+                    // Pair check: the offset the log stamped is the one applying in order gives.
+                    if let Some(k) = *kafka_offset {
+                        if k != base {
+                            return Err(mismatch(k).into());
+                        }
                     }
-                    EntryPayload::Blank => 0,
-                };
-                let base = inner.next_offset;
-                let applied = base..base + i64::from(count);
-                // Pair assertion: the translation made when the entry was written must agree
-                // with the offsets applying it in order gives.
-                if count > 0 {
-                    let log = self.log.lock().translator().offsets_of(index);
-                    if log.as_ref() != Some(&applied) {
-                        let e = OffsetMismatch {
-                            index,
-                            log,
-                            applied,
-                        };
-                        return Err(StorageIOError::apply(entry.log_id, AnyError::new(&e)).into());
+                    if let GroupKind::Table(table) = &self.kind {
+                        table.apply(index, base, batches);
                     }
+                    *record_count
                 }
-                inner.next_offset = applied.end;
-                inner.last_applied = Some(entry.log_id);
-                out.push(Applied {
-                    base_offset: base,
-                    record_count: count,
-                    leader_epoch: term,
-                });
-            }
-            inner.next_offset
-        };
+                EntryPayload::Normal(Payload::Summary {
+                    record_count,
+                    kafka_offset,
+                }) => {
+                    if *kafka_offset != base {
+                        return Err(mismatch(*kafka_offset).into());
+                    }
+                    if matches!(self.kind, GroupKind::Table(_)) {
+                        return Err(StorageIOError::apply(
+                            entry.log_id,
+                            sm_err("a table group was given an entry without its records"),
+                        )
+                        .into());
+                    }
+                    *record_count
+                }
+                EntryPayload::Normal(Payload::Command(Command::LogStart {
+                    index: purge_index,
+                    term: purge_term,
+                    kafka_offset,
+                })) => {
+                    let current = inner.state.log_start.map_or(i64::MIN, |l| l.kafka_offset);
+                    if *kafka_offset > current && *kafka_offset <= base && *purge_index < index {
+                        inner.state.log_start = Some(LogStart {
+                            last_purged: LogId::new(openraft::CommittedLeaderId::new(*purge_term, 0), *purge_index),
+                            kafka_offset: *kafka_offset,
+                        });
+                        self.store.shared.log.advance_log_start(*kafka_offset);
+                        must_save = true;
+                    } else {
+                        tracing::warn!(index, kafka_offset, current, high_watermark = base, "ignoring a log start that does not move forward within the log");
+                    }
+                    0
+                }
+                EntryPayload::Membership(m) => {
+                    inner.state.membership = StoredMembership::new(Some(entry.log_id), m.clone());
+                    0
+                }
+                EntryPayload::Blank => 0,
+            };
+            inner.next_kafka = base + i64::from(count);
+            inner.state.applied = Some(entry.log_id);
+            inner.since_save += 1;
+            out.push(Applied {
+                base_offset: base,
+                record_count: count,
+                leader_epoch: term,
+            });
+        }
+        let hw = inner.next_kafka;
+        let table_due = matches!(self.kind, GroupKind::Table(_)) && inner.since_save >= self.table_snapshot_every;
+        if must_save || (matches!(self.kind, GroupKind::Data) && inner.since_save >= SAVE_EVERY_ENTRIES) {
+            self.save(&mut inner)
+                .map_err(|e| StorageIOError::write_state_machine(AnyError::new(&e)))?;
+        }
+        drop(inner);
         self.high_watermark.send_replace(hw);
+        if must_save || table_due {
+            self.snapshot_wanted.notify_one();
+        }
         Ok(out)
     }
 
@@ -163,13 +378,77 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
 
     async fn install_snapshot(
         &mut self,
-        _meta: &SnapshotMeta<NodeId, EmptyNode>,
-        _snapshot: Box<Cursor<Vec<u8>>>,
+        meta: &SnapshotMeta<NodeId, EmptyNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
-        Err(StorageIOError::write_snapshot(None, AnyError::new(&NoSnapshots)).into())
+        let bytes = snapshot.into_inner();
+        let bad = |why: String| StorageError::from(StorageIOError::read_snapshot(Some(meta.signature()), sm_err(why)));
+        let (kafka, table_bytes) = decode_snapshot(&bytes).ok_or_else(|| bad("snapshot does not decode".into()))?;
+        let last = meta
+            .last_log_id
+            .ok_or_else(|| bad("snapshot without a last log id".into()))?;
+        let mut inner = self.lock();
+        match (&self.kind, table_bytes) {
+            (GroupKind::Table(table), Some(t)) => {
+                table.restore(t).map_err(bad)?;
+                inner.state.table = Some(Bytes::copy_from_slice(t));
+            }
+            (GroupKind::Data, None) => {}
+            _ => return Err(bad("snapshot of the wrong kind of group".into())),
+        }
+        inner.state.applied = Some(last);
+        inner.state.membership = meta.last_membership.clone();
+        inner.state.log_start = Some(LogStart {
+            last_purged: last,
+            kafka_offset: kafka,
+        });
+        inner.next_kafka = kafka;
+        let shared = &self.store.shared;
+        inner
+            .state
+            .save(shared.fs.as_ref(), &shared.dir)
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), AnyError::new(&e)))?;
+        let log = &shared.log;
+        if log.tail().next_index <= last.index {
+            log.reset(last.index + 1, kafka, last.leader_id.term)
+                .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), AnyError::new(&e)))?;
+        }
+        log.advance_log_start(kafka);
+        drop(inner);
+        self.high_watermark.send_replace(kafka);
+        tracing::info!(dir = %shared.dir.display(), last_log_id = %last, kafka, "installed a snapshot: the log starts there");
+        Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<KilnRaft>>, StorageError> {
-        Ok(None)
+        let inner = self.lock();
+        let Some(ls) = inner.state.log_start else {
+            return Ok(None);
+        };
+        let (last, data) = match &self.kind {
+            GroupKind::Data => (ls.last_purged, encode_snapshot(ls.kafka_offset, None)),
+            GroupKind::Table(_) => {
+                let Some(t) = &inner.state.table else {
+                    return Ok(None);
+                };
+                (ls.last_purged, encode_snapshot(ls.kafka_offset, Some(t)))
+            }
+        };
+        Ok(Some(Snapshot {
+            meta: SnapshotMeta {
+                last_log_id: Some(last),
+                last_membership: inner.state.membership.clone(),
+                snapshot_id: format!("{last:?}"),
+            },
+            snapshot: Box::new(Cursor::new(data)),
+        }))
+    }
+}
+
+/// How the Raft core's own store reads a group's entries (see `log_store.rs`).
+pub(crate) fn core_read_mode(kind: &GroupKind) -> ReadMode {
+    match kind {
+        GroupKind::Data => ReadMode::Summary,
+        GroupKind::Table(_) => ReadMode::Full,
     }
 }

@@ -5,21 +5,18 @@ use std::future::Future;
 use std::io::Cursor;
 use std::time::Duration;
 
-use bytes::Bytes;
 use openraft::async_runtime::TokioOneShotSender;
 use openraft::{AsyncRuntime, OptionalSend, TokioInstant};
-use rand08::{RngCore, SeedableRng};
+use rand08::RngCore;
+
+use crate::payload::Payload;
+use crate::rng::StableRng;
 
 /// A Raft node id: the broker's node id.
 pub type NodeId = u64;
 
-/// The payload of a data entry: one or more concatenated Kafka RecordBatch v2, validated, as
-/// the producer sent them (base offsets are stamped when they are read).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Batches(pub Bytes);
-
 /// What applying an entry yields: the Kafka offsets it took and the leader epoch it was
-/// written in. Blank and membership entries take no offsets (`record_count == 0`).
+/// written in. Blank, membership and command entries take no offsets (`record_count == 0`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Applied {
     pub base_offset: i64,
@@ -31,7 +28,7 @@ pub struct Applied {
 openraft::declare_raft_types!(
     /// The type configuration of a replicated partition.
     pub KilnRaft:
-        D = Batches,
+        D = Payload,
         R = Applied,
         NodeId = NodeId,
         Node = openraft::EmptyNode,
@@ -47,14 +44,28 @@ pub type Raft = openraft::Raft<KilnRaft>;
 pub type StorageError = openraft::StorageError<NodeId>;
 
 thread_local! {
-    static RNG: RefCell<rand08::rngs::StdRng> = RefCell::new(rand08::rngs::StdRng::from_entropy());
+    static RNG: RefCell<StableRng> = RefCell::new(StableRng::seed(entropy()));
+}
+
+/// A seed from the clock and the thread, for production: election timeouts need only differ
+/// between brokers, not be secret.
+fn entropy() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let thread = format!("{:?}", std::thread::current().id());
+    thread
+        .bytes()
+        .fold(now ^ u64::from(std::process::id()), |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
 }
 
 /// Makes every random choice openraft makes on this thread (its election timeouts) follow
 /// `seed`. The simulation calls it so a seed replays exactly; in production the generator is
-/// seeded from the OS.
+/// seeded from the clock.
 pub fn seed_thread_rng(seed: u64) {
-    RNG.with(|r| *r.borrow_mut() = rand08::rngs::StdRng::seed_from_u64(seed));
+    RNG.with(|r| *r.borrow_mut() = StableRng::seed(seed));
 }
 
 /// Handle to the per-thread generator [`seed_thread_rng`] seeds.

@@ -1,4 +1,4 @@
-//! A replica whose `raft.log` was damaged while it was down, over real sockets and files: it
+//! A replica whose log was damaged while it was down, over real sockets and files: it
 //! detects the damage, serves none of it, refuses vote requests over TCP while it repairs, is
 //! refilled by the leader, and votes again (docs/replication.md, "Damage and full disks").
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kiln_raft::net::TcpNetwork;
-use kiln_raft::recovery::LogTail;
+use kiln_log::LogTail;
 use kiln_raft::ReplicatedPartition;
 use openraft::error::RPCError;
 use openraft::network::RPCOption;
@@ -45,28 +45,50 @@ async fn a_damaged_replica_refuses_votes_until_its_peers_have_repaired_it() {
     let path = dir
         .path()
         .join(format!("broker-{damaged_id}"))
-        .join("raft.log");
+        .join(format!("{:020}.log", 0));
     let mut bytes = std::fs::read(&path).unwrap();
-    let at = bytes.len() / 2;
+    let at = 4096 + (bytes.len() - 4096) / 2;
     bytes[at] ^= 0x08;
     std::fs::write(&path, &bytes).unwrap();
 
-    // The damaged replica starts first, alone: nobody can refill it yet.
-    let (mut listeners, peers) = listeners(Some(&peers)).await;
+    // The damage lies before the checkpoint a clean shutdown leaves, so the first start trusts
+    // it (restarts stay fast); the first read of it finds it, serves nothing, and leaves the
+    // log to be checked whole at the next start.
     let home = |id: u64| dir.path().join(format!("broker-{id}"));
+    {
+        let (mut listeners, peers) = listeners(Some(&peers)).await;
+        let first = start_broker(damaged_id, &home(damaged_id), listeners.remove(damaged_id as usize - 1), &peers).await;
+        assert!(!first.recovery.repairing());
+        let mut offset = 0;
+        let mut refused = false;
+        while offset < 30 {
+            match first.replica.read_past_high_watermark(offset, 64 << 10) {
+                Ok(r) if !r.records.is_empty() => offset = r.next_offset,
+                Ok(_) => break,
+                Err(e) => {
+                    assert!(e.to_string().contains("corrupt"), "{e}");
+                    refused = true;
+                    break;
+                }
+            }
+        }
+        assert!(refused, "the damaged batch was served");
+        first.stop().await;
+    }
+
+    // The damaged replica starts again, alone: nobody can refill it yet.
+    let (mut listeners, peers) = listeners(Some(&peers)).await;
     let damaged_listener = listeners.remove(damaged_id as usize - 1);
     let damaged = start_broker(damaged_id, &home(damaged_id), damaged_listener, &peers).await;
-    let LogTail::Damaged(d) = damaged.recovery.tail else {
+    let LogTail::Damaged(d) = &damaged.recovery.log.tail else {
         panic!("damage not detected: {:?}", damaged.recovery);
     };
-    assert!(
-        d.highest_index_after.is_some() && d.frames_after > 0,
-        "{d:?}"
-    );
+    assert!(d.synced_through.is_some_and(|s| s > d.first_lost_index), "{d:?}");
     assert!(damaged.recovery.repairing());
     assert!(damaged.replica.repairing());
-    // Nothing past the damage is served: it has committed nothing yet.
-    assert_eq!(damaged.replica.high_watermark(), 0);
+    // Nothing past the damage is served: what it serves is what its cut log still holds.
+    assert!(damaged.replica.high_watermark() <= damaged.replica.log_end_offset());
+    assert!(damaged.replica.log_end_offset() < 30);
 
     // Its listener refuses a vote request for the group while it repairs.
     let mut network = TcpNetwork::new(GROUP, peers.clone(), Duration::from_secs(2));

@@ -1,5 +1,5 @@
 //! A full disk is waited out (docs/replication.md, "Damage and full disks"): three replicas
-//! over real sockets and files, one of whose `raft.log` fails appends with ENOSPC while a
+//! over real sockets and files, one of whose log segments fail writes with ENOSPC while a
 //! flag is set; and one replica on a real 4 MiB tmpfs filled to the last byte, where mounting
 //! one is allowed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use kiln_raft::disk::FileDisk;
+use kiln_log::fs::RealFs;
 use kiln_raft::partition::raft_config;
 use kiln_raft::sim::build_batch;
-use kiln_raft::ReplicatedPartition;
+use kiln_raft::{ReplicatedPartition, StartOptions};
 use support::*;
 
 /// Appends `range` through `leader`, recording each acknowledged record at its offset.
@@ -164,13 +164,10 @@ async fn real_tmpfs_full_disk_when_mount_allowed() {
     }
     let _mount = Mount(dir.path().to_path_buf());
     let open = || async {
-        let log = Arc::new(FileDisk::open(&dir.path().join("raft.log")).unwrap());
-        let vote = Arc::new(FileDisk::open(&dir.path().join("vote")).unwrap());
         let network = kiln_raft::net::TcpNetwork::new("solo/0", Arc::new(BTreeMap::new()), WAIT);
-        ReplicatedPartition::start(1, raft_config(50, 150, 300), log, vote, network)
-            .await
-            .unwrap()
-            .0
+        let mut opts = StartOptions::data(1, raft_config(50, 150, 300), Arc::new(RealFs), dir.path());
+        opts.repairable = false;
+        ReplicatedPartition::start(opts, network).await.unwrap().0
     };
     let replica = open().await;
     replica.initialize(BTreeSet::from([1])).await.unwrap();

@@ -13,11 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use kiln_raft::disk::FileDisk;
+use kiln_log::fs::RealFs;
 use kiln_raft::net::{serve, GroupTable, PeerAddrs, TcpNetwork};
 use kiln_raft::partition::raft_config;
 use kiln_raft::sim::build_batch;
-use kiln_raft::{NodeId, ReplicatedPartition};
+use kiln_raft::{NodeId, ReplicatedPartition, StartOptions};
 use openraft::error::RPCError;
 use openraft::network::RPCOption;
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
@@ -44,14 +44,13 @@ async fn start_replica(
     peers: &PeerAddrs,
 ) -> ReplicatedPartition {
     let dir = dir.join(group.replace('/', "-"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let log = Arc::new(FileDisk::open(&dir.join("raft.log")).unwrap());
-    let vote = Arc::new(FileDisk::open(&dir.join("vote")).unwrap());
     let network = TcpNetwork::new(group, peers.clone(), Duration::from_millis(500));
-    let (partition, _) =
-        ReplicatedPartition::start(id, raft_config(50, 150, 300), log, vote, network)
-            .await
-            .unwrap();
+    let (partition, _) = ReplicatedPartition::start(
+        StartOptions::data(id, raft_config(50, 150, 300), Arc::new(RealFs), dir),
+        network,
+    )
+    .await
+    .unwrap();
     partition
 }
 
@@ -143,10 +142,11 @@ fn assert_log_holds(replica: &ReplicatedPartition, expected: &[Vec<u8>]) {
     assert_eq!(hw, expected.len() as i64);
     let mut offset = 0i64;
     while offset < hw {
-        let batches = replica.read(offset, 64 << 10).unwrap();
-        assert!(!batches.is_empty(), "nothing read at {offset}");
-        for b in batches {
-            assert_eq!(b.base_offset, offset);
+        let read = replica.read(offset, 64 << 10).unwrap();
+        assert!(!read.records.is_empty(), "nothing read at {offset}");
+        for b in kiln_log::batch::batches(&read.records) {
+            let b = b.unwrap();
+            assert_eq!(b.header.base_offset, offset);
             let want = &expected[offset as usize];
             assert_eq!(&b.bytes[16..], &want[16..], "record at offset {offset}");
             offset += 1;

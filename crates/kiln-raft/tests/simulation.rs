@@ -19,7 +19,7 @@
 //!   crash at a random moment), for comparing fault mixes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use kiln_raft::disk::SyncBehaviour;
+use kiln_raft::sim::SyncBehaviour;
 use kiln_raft::sim::{run, SimOptions, SimReport};
 
 fn simulate(opts: SimOptions) -> SimReport {
@@ -33,10 +33,11 @@ fn simulate(opts: SimOptions) -> SimReport {
 
 fn describe(r: &SimReport) -> String {
     format!(
-        "seed {}: {} acked, {} failed, {} crashes ({} aimed, {} lost unsynced bytes, {} bytes dropped), {} power losses, {} partitions, {} log rots ({} aimed, {} hit committed entries), {} vote rots ({} lost the latest save), {}/{} repairs finished, {} leaders, hw {}, {} reads checked; offsets: {} commits acked, {} failed, {} rebuilds observed, {} leaders, hw {}; trace {:016x}",
+        "seed {}: {} acked, {} failed, {} retentions, {} crashes ({} aimed, {} lost unsynced bytes, {} bytes dropped), {} power losses, {} partitions, {} log rots ({} aimed, {} hit committed entries), {} vote rots ({} lost the latest save), {}/{} repairs finished, {} leaders, hw {}, {} reads checked; offsets: {} commits acked, {} failed, {} rebuilds observed, {} leaders, hw {}; trace {:016x}",
         r.seed,
         r.acknowledged,
         r.failed_appends,
+        r.retentions,
         r.crashes,
         r.aimed_crashes,
         r.crashes_losing_unsynced,

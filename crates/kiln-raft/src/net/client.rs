@@ -252,15 +252,26 @@ impl RaftNetwork<KilnRaft> for TcpLink {
 
     async fn install_snapshot(
         &mut self,
-        _rpc: InstallSnapshotRequest<KilnRaft>,
-        _option: RPCOption,
+        rpc: InstallSnapshotRequest<KilnRaft>,
+        option: RPCOption,
     ) -> Result<
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, EmptyNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        // Snapshots are never built (SnapshotPolicy::Never) and the log is never purged, so a
-        // follower is always caught up from the log and this is never called.
-        Err(self.unreachable("snapshots are not used (SnapshotPolicy::Never)".into()))
+        // A follower behind the leader's log start (retention, a table's compaction).
+        let from = rpc.vote.leader_id.voted_for.unwrap_or_default();
+        let request = Message::InstallSnapshot {
+            target: self.target,
+            rpc,
+        };
+        match self
+            .call(&request, codec::KIND_SNAPSHOT_RESPONSE, &option)
+            .await
+        {
+            Ok(Message::InstallSnapshotResponse(resp)) => Ok(resp),
+            Ok(other) => Err(self.unreachable(format!("unexpected response {other:?}"))),
+            Err(e) => Err(self.rpc_error(e, RPCTypes::InstallSnapshot, from)),
+        }
     }
 
     async fn vote(

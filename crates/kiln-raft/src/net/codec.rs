@@ -10,10 +10,15 @@
 //! | 3 | Vote request | `target u64, vote, last_log_id?` |
 //! | 4 | Vote response | `vote, granted u8, last_log_id?` |
 //! | 5 | Error response | the reason, UTF-8 |
+//! | 6 | InstallSnapshot request | `target u64, vote, last_log_id?, membership_log_id?, membership, id len u16, id, offset u64, done u8, data` |
+//! | 7 | InstallSnapshot response | `vote` |
 //!
-//! `vote` is `term u64, has_node u8, node u64, committed u8` and an entry is a `raft.log`
-//! record's payload: both are log_store's encodings, so the disk and the wire cannot drift
-//! apart. `log_id?` is `0u8`, or `1u8, term u64, index u64`. `target` is the node the sender
+//! `vote` is `term u64, has_node u8, node u64, committed u8`; a membership is `record.rs`'s
+//! encoding, the one kept on disk. `log_id?` is `0u8`, or `1u8, term u64, index u64`. An entry
+//! is `term u64, index u64, kind u8`, then for kind 0 (blank) nothing, 1 (records)
+//! `kafka_offset i64 (i64::MIN: none), record_count u32, batches`, 2 (membership) the
+//! membership, 3 (command) the command's bytes. Records are validated on decode (CRC32C, counts),
+//! so a peer's bad bytes are refused here and never reach a log. `target` is the node the sender
 //! means to reach, so a peer address that points at the wrong broker is refused instead of a
 //! vote or an acknowledgement being counted for the wrong node.
 //!
@@ -23,14 +28,17 @@
 use std::fmt;
 use std::io;
 
-use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
-use openraft::CommittedLeaderId;
+use bytes::Bytes;
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{CommittedLeaderId, EntryPayload, SnapshotMeta, StoredMembership};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use crate::record::{
-    decode_entry, decode_vote, encode_entry_payload, encode_vote_payload, VOTE_BYTES,
-};
-use crate::types::{KilnRaft, LogId, NodeId, Vote};
+use crate::payload::{Command, Payload};
+use crate::record::{decode_membership, decode_vote, encode_membership, encode_vote_payload, VOTE_BYTES};
+use crate::types::{Entry, KilnRaft, LogId, NodeId, Vote};
 
 /// Largest frame body accepted or sent. An AppendEntries carries at most
 /// `max_payload_entries` (64) entries, each one produce request's batches, so this is far
@@ -46,6 +54,13 @@ pub(crate) const KIND_APPEND_RESPONSE: u8 = 2;
 pub(crate) const KIND_VOTE: u8 = 3;
 pub(crate) const KIND_VOTE_RESPONSE: u8 = 4;
 pub(crate) const KIND_ERROR: u8 = 5;
+pub(crate) const KIND_SNAPSHOT: u8 = 6;
+pub(crate) const KIND_SNAPSHOT_RESPONSE: u8 = 7;
+
+const ENTRY_BLANK: u8 = 0;
+const ENTRY_RECORDS: u8 = 1;
+const ENTRY_MEMBERSHIP: u8 = 2;
+const ENTRY_COMMAND: u8 = 3;
 
 /// Why a frame could not be encoded or decoded.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +97,12 @@ pub enum Message {
         rpc: VoteRequest<NodeId>,
     },
     VoteResponse(VoteResponse<NodeId>),
+    /// One chunk of a snapshot for the replica with node id `target`.
+    InstallSnapshot {
+        target: NodeId,
+        rpc: InstallSnapshotRequest<KilnRaft>,
+    },
+    InstallSnapshotResponse(InstallSnapshotResponse<NodeId>),
     /// The request was not served (unknown group, wrong node, Raft stopped, bad frame).
     Error(String),
 }
@@ -93,6 +114,8 @@ impl Message {
             Message::AppendEntriesResponse(_) => KIND_APPEND_RESPONSE,
             Message::Vote { .. } => KIND_VOTE,
             Message::VoteResponse(_) => KIND_VOTE_RESPONSE,
+            Message::InstallSnapshot { .. } => KIND_SNAPSHOT,
+            Message::InstallSnapshotResponse(_) => KIND_SNAPSHOT_RESPONSE,
             Message::Error(_) => KIND_ERROR,
         }
     }
@@ -109,6 +132,8 @@ impl fmt::Display for KindName {
             KIND_VOTE => f.write_str("Vote request"),
             KIND_VOTE_RESPONSE => f.write_str("Vote response"),
             KIND_ERROR => f.write_str("Error response"),
+            KIND_SNAPSHOT => f.write_str("InstallSnapshot request"),
+            KIND_SNAPSHOT_RESPONSE => f.write_str("InstallSnapshot response"),
             other => write!(f, "kind {other}"),
         }
     }
@@ -123,6 +148,12 @@ impl fmt::Debug for Message {
             Message::AppendEntriesResponse(r) => write!(f, "AppendEntriesResponse({r:?})"),
             Message::Vote { target, rpc } => write!(f, "Vote(to {target}: {rpc:?})"),
             Message::VoteResponse(r) => write!(f, "VoteResponse({r:?})"),
+            Message::InstallSnapshot { target, rpc } => write!(
+                f,
+                "InstallSnapshot(to {target}: {} at {}, {} bytes, done {})",
+                rpc.meta, rpc.offset, rpc.data.len(), rpc.done
+            ),
+            Message::InstallSnapshotResponse(r) => write!(f, "InstallSnapshotResponse({r:?})"),
             Message::Error(reason) => write!(f, "Error({reason:?})"),
         }
     }
@@ -141,6 +172,79 @@ fn put_log_id(out: &mut Vec<u8>, log_id: &Option<LogId>) {
             put_u64(out, id.index);
         }
     }
+}
+
+/// Appends an entry's encoding (see the module docs) to `out`.
+fn encode_entry(entry: &Entry, out: &mut Vec<u8>) -> Result<(), CodecError> {
+    put_u64(out, entry.log_id.leader_id.term);
+    put_u64(out, entry.log_id.index);
+    match &entry.payload {
+        EntryPayload::Blank => out.push(ENTRY_BLANK),
+        EntryPayload::Membership(m) => {
+            out.push(ENTRY_MEMBERSHIP);
+            encode_membership(m, out);
+        }
+        EntryPayload::Normal(Payload::Records {
+            batches,
+            record_count,
+            kafka_offset,
+        }) => {
+            out.push(ENTRY_RECORDS);
+            out.extend_from_slice(&kafka_offset.unwrap_or(i64::MIN).to_be_bytes());
+            out.extend_from_slice(&record_count.to_be_bytes());
+            out.extend_from_slice(batches);
+        }
+        EntryPayload::Normal(Payload::Command(c)) => {
+            out.push(ENTRY_COMMAND);
+            out.extend_from_slice(&c.encode());
+        }
+        EntryPayload::Normal(Payload::Summary { .. }) => {
+            return Err(malformed("a summary entry is never sent"));
+        }
+    }
+    Ok(())
+}
+
+fn decode_entry(bytes: &[u8]) -> Result<Entry, CodecError> {
+    let mut r = Reader { buf: bytes, at: 0 };
+    let term = r.u64("entry term")?;
+    let index = r.u64("entry index")?;
+    let log_id = LogId::new(CommittedLeaderId::new(term, 0), index);
+    let payload = match r.u8("entry kind")? {
+        ENTRY_BLANK => EntryPayload::Blank,
+        ENTRY_MEMBERSHIP => {
+            let mut rr = crate::record::Reader::new(r.rest());
+            let m = decode_membership(&mut rr)
+                .filter(|_| rr.done())
+                .ok_or_else(|| malformed("bad membership entry"))?;
+            EntryPayload::Membership(m)
+        }
+        ENTRY_RECORDS => {
+            let kafka = r.u64("kafka offset")? as i64;
+            let record_count = r.u32("record count")?;
+            let batches = r.rest();
+            kiln_log::batch::validate_batches(batches)
+                .map_err(|e| malformed(format!("entry {index}: {e}")))?;
+            let counted = kiln_log::batch::count_records(batches)
+                .map_err(|e| malformed(format!("entry {index}: {e}")))?;
+            if counted != record_count {
+                return Err(malformed(format!(
+                    "entry {index} says {record_count} records, its batches hold {counted}"
+                )));
+            }
+            EntryPayload::Normal(Payload::Records {
+                batches: Bytes::copy_from_slice(batches),
+                record_count,
+                kafka_offset: (kafka != i64::MIN).then_some(kafka),
+            })
+        }
+        ENTRY_COMMAND => EntryPayload::Normal(Payload::Command(
+            Command::decode(r.rest()).ok_or_else(|| malformed("bad command entry"))?,
+        )),
+        other => return Err(malformed(format!("entry kind {other}"))),
+    };
+    r.finish("entry")?;
+    Ok(Entry { log_id, payload })
 }
 
 /// Encodes one whole frame, header included, ready to write.
@@ -165,7 +269,7 @@ pub fn encode(group: &str, message: &Message) -> Result<Vec<u8>, CodecError> {
                 // Length slot first, patched once the entry is written: one buffer, no copy.
                 let slot = out.len();
                 out.extend_from_slice(&[0; 4]);
-                encode_entry_payload(entry, &mut out);
+                encode_entry(entry, &mut out)?;
                 let len = out.len() - slot - 4;
                 if len > MAX_FRAME_BYTES {
                     return Err(CodecError::TooLarge {
@@ -198,6 +302,21 @@ pub fn encode(group: &str, message: &Message) -> Result<Vec<u8>, CodecError> {
             out.push(u8::from(resp.vote_granted));
             put_log_id(&mut out, &resp.last_log_id);
         }
+        Message::InstallSnapshot { target, rpc } => {
+            put_u64(&mut out, *target);
+            encode_vote_payload(&rpc.vote, &mut out);
+            put_log_id(&mut out, &rpc.meta.last_log_id);
+            put_log_id(&mut out, &*rpc.meta.last_membership.log_id());
+            encode_membership(rpc.meta.last_membership.membership(), &mut out);
+            let id = rpc.meta.snapshot_id.as_bytes();
+            let id_len = u16::try_from(id.len()).map_err(|_| malformed("snapshot id too long"))?;
+            out.extend_from_slice(&id_len.to_be_bytes());
+            out.extend_from_slice(id);
+            put_u64(&mut out, rpc.offset);
+            out.push(u8::from(rpc.done));
+            out.extend_from_slice(&rpc.data);
+        }
+        Message::InstallSnapshotResponse(resp) => encode_vote_payload(&resp.vote, &mut out),
         Message::Error(reason) => out.extend_from_slice(reason.as_bytes()),
     }
     let len = out.len() - HEADER;
@@ -329,7 +448,7 @@ pub fn decode_body(body: &[u8], crc: u32) -> Result<(String, Message), CodecErro
             for _ in 0..count {
                 let len = r.u32("entry length")? as usize;
                 let bytes = r.take(len, "entry")?;
-                entries.push(decode_entry(bytes).ok_or_else(|| malformed("bad entry"))?);
+                entries.push(decode_entry(bytes)?);
             }
             Message::AppendEntries {
                 target,
@@ -367,6 +486,41 @@ pub fn decode_body(body: &[u8], crc: u32) -> Result<(String, Message), CodecErro
                 last_log_id,
             })
         }
+        KIND_SNAPSHOT => {
+            let target = r.u64("target")?;
+            let vote = r.vote("vote")?;
+            let last_log_id = r.log_id("last_log_id")?;
+            let membership_id = r.log_id("membership log id")?;
+            // The membership decoder reads from a sub-reader; advance ours by what it took.
+            let rest = &r.buf[r.at..];
+            let mut rr = crate::record::Reader::new(rest);
+            let membership = decode_membership(&mut rr).ok_or_else(|| malformed("bad snapshot membership"))?;
+            r.at += rr.at;
+            let id_len = usize::from(r.u16("snapshot id length")?);
+            let snapshot_id = std::str::from_utf8(r.take(id_len, "snapshot id")?)
+                .map_err(|_| malformed("snapshot id is not UTF-8"))?
+                .to_string();
+            let offset = r.u64("offset")?;
+            let done = r.bool("done")?;
+            let data = r.rest().to_vec();
+            Message::InstallSnapshot {
+                target,
+                rpc: InstallSnapshotRequest {
+                    vote,
+                    meta: SnapshotMeta {
+                        last_log_id,
+                        last_membership: StoredMembership::new(membership_id, membership),
+                        snapshot_id,
+                    },
+                    offset,
+                    data,
+                    done,
+                },
+            }
+        }
+        KIND_SNAPSHOT_RESPONSE => Message::InstallSnapshotResponse(InstallSnapshotResponse {
+            vote: r.vote("vote")?,
+        }),
         KIND_ERROR => Message::Error(
             String::from_utf8(r.rest().to_vec())
                 .map_err(|_| malformed("error reason is not UTF-8"))?,
@@ -412,7 +566,8 @@ mod tests {
 
     use super::*;
     use crate::sim::build_batch;
-    use crate::types::{Batches, Entry};
+    use crate::types::Entry;
+    use crate::payload::Payload;
 
     fn lid(term: u64, index: u64) -> LogId {
         LogId::new(CommittedLeaderId::new(term, 0), index)
@@ -457,11 +612,19 @@ mod tests {
             },
             Entry {
                 log_id: lid(4, 3),
-                payload: EntryPayload::Normal(Batches(Bytes::from(batch))),
+                payload: EntryPayload::Normal(Payload::Records {
+                    batches: Bytes::from(batch),
+                    record_count: 2,
+                    kafka_offset: None,
+                }),
             },
             Entry {
                 log_id: lid(4, 4),
-                payload: EntryPayload::Normal(Batches(Bytes::from(two))),
+                payload: EntryPayload::Normal(Payload::Records {
+                    batches: Bytes::from(two),
+                    record_count: 2,
+                    kafka_offset: Some(2),
+                }),
             },
         ]
     }

@@ -113,7 +113,9 @@ async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, groups: Arc<d
 /// Serves one request; the flag says whether the connection stays open after the reply.
 async fn handle(groups: &dyn RaftGroups, group: &str, request: Message) -> (Message, bool) {
     let target = match &request {
-        Message::AppendEntries { target, .. } | Message::Vote { target, .. } => *target,
+        Message::AppendEntries { target, .. }
+        | Message::Vote { target, .. }
+        | Message::InstallSnapshot { target, .. } => *target,
         other => {
             // A response kind sent as a request: the peer does not speak this protocol.
             return (
@@ -164,6 +166,10 @@ async fn handle(groups: &dyn RaftGroups, group: &str, request: Message) -> (Mess
         Message::Vote { rpc, .. } => match raft.vote(rpc).await {
             Ok(resp) => Message::VoteResponse(resp),
             Err(e) => raft_error(e),
+        },
+        Message::InstallSnapshot { rpc, .. } => match raft.install_snapshot(rpc).await {
+            Ok(resp) => Message::InstallSnapshotResponse(resp),
+            Err(e) => Message::Error(format!("raft: {e}")),
         },
         other => Message::Error(format!("{} is not a request", KindName(other.kind()))),
     };

@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 
 use super::batch::unstamped;
 use super::offsets::OffsetsShared;
-use super::{lock, Ack, SimReport, World, DATA, OFFSETS};
-use crate::partition::{ReadBatch, ReplicatedPartition};
+use super::{lock, split, Ack, ReadBatch, SimReport, World, DATA, OFFSETS};
+use crate::partition::ReplicatedPartition;
 use crate::types::NodeId;
 
 pub(super) fn check(
@@ -18,7 +18,7 @@ pub(super) fn check(
 ) {
     let mut s = lock(&world.shared);
     let mut v: Vec<String> = Vec::new();
-    let data = check_group("", leader, &world.up_in(DATA), &s.acks, &s.reads, &mut v);
+    let data = check_group("", leader, &world.up_in(DATA), &s.acks, &s.reads, false, &mut v);
     report.final_high_watermark = data.high_watermark;
     report.reads_checked = s.reads.len();
     let off = check_group(
@@ -27,8 +27,10 @@ pub(super) fn check(
         &world.up_in(OFFSETS),
         &s.off.acks,
         &s.off.reads,
+        true,
         &mut v,
     );
+    check_tables(&s.off, off_leader, &world.up_in(OFFSETS), &mut v);
     report.offsets_high_watermark = off.high_watermark;
     check_offsets(&s.off, &mut v);
     report.acknowledged = s.acks.len();
@@ -67,25 +69,70 @@ struct GroupEnd {
     high_watermark: i64,
 }
 
-/// The invariants every group keeps: no acknowledged record lost, order, no read of data not
-/// in the final log, convergence. `tag` names the group in violations.
+/// Every replica of the offsets group applied the same table as its leader (each compacts its
+/// own log, so their logs differ; their tables may not).
+fn check_tables(
+    off: &OffsetsShared,
+    leader: &ReplicatedPartition,
+    replicas: &[ReplicatedPartition],
+    v: &mut Vec<String>,
+) {
+    let Some(want) = off.tables.get(&leader.id()).map(|t| t.values()) else {
+        v.push("CONVERGENCE (offsets group): the leader has no table".to_string());
+        return;
+    };
+    for r in replicas {
+        let got = off.tables.get(&r.id()).map(|t| t.values());
+        if got.as_ref() != Some(&want) {
+            v.push(format!(
+                "CONVERGENCE (offsets group): replica {} applied {got:?}, the leader {want:?}",
+                r.id()
+            ));
+        }
+    }
+}
+
+/// Every committed batch of `r` from its log start.
+fn committed(r: &ReplicatedPartition) -> Result<Vec<ReadBatch>, String> {
+    let mut out = Vec::new();
+    let mut offset = r.log_start_offset();
+    loop {
+        let read = r.read(offset, 1 << 20).map_err(|e| e.to_string())?;
+        if read.records.is_empty() {
+            return Ok(out);
+        }
+        offset = read.next_offset;
+        out.extend(split(&read.records));
+    }
+}
+
+/// The invariants every group keeps: no acknowledged record lost (unless retention removed it),
+/// order, no read of data not in the final log, convergence, one log start on every replica.
+/// `tag` names the group in violations.
 fn check_group(
     tag: &str,
     leader: &ReplicatedPartition,
     replicas: &[ReplicatedPartition],
     acks: &[Ack],
     reads: &[(NodeId, ReadBatch)],
+    compacted: bool,
     v: &mut Vec<String>,
 ) -> GroupEnd {
-    let final_log = match leader.read(0, usize::MAX) {
+    let log_start = leader.log_start_offset();
+    let final_log = match committed(leader) {
         Ok(b) => b,
         Err(e) => {
             v.push(format!("leader read failed{tag}: {e}"));
             Vec::new()
         }
     };
-    // Order: contiguous offsets from 0, every batch valid.
-    let mut expect = 0i64;
+    // Order: contiguous offsets from the log start, every batch valid.
+    let mut expect = final_log.first().map_or(log_start, |b| b.base_offset);
+    if expect > log_start {
+        v.push(format!(
+            "ORDER{tag}: the log starts at {log_start} but the first batch is at {expect}"
+        ));
+    }
     let mut by_offset: BTreeMap<i64, &ReadBatch> = BTreeMap::new();
     for b in &final_log {
         if b.base_offset != expect {
@@ -112,6 +159,10 @@ fn check_group(
     // No acknowledged record lost.
     let mut seen_offsets = BTreeMap::new();
     for (n, ack, _, _, sent) in acks {
+        if ack.base_offset < log_start {
+            // Retention removed it (after it was acknowledged and committed).
+            continue;
+        }
         match by_offset.get(&ack.base_offset) {
             Some(b) if unstamped(&b.bytes) == unstamped(sent) => {}
             Some(_) => v.push(format!(
@@ -143,6 +194,9 @@ fn check_group(
     }
     // Every read served only data that is in the final log.
     for (node, b) in reads {
+        if b.base_offset < log_start {
+            continue;
+        }
         match by_offset.get(&b.base_offset) {
             Some(f) if unstamped(&f.bytes) == unstamped(&b.bytes) => {}
             _ => v.push(format!(
@@ -151,9 +205,16 @@ fn check_group(
             )),
         }
     }
-    // Convergence.
-    for r in replicas {
-        match r.read(0, usize::MAX) {
+    // Convergence (a compacted group's logs differ by design: its tables are compared).
+    for r in replicas.iter().filter(|_| !compacted) {
+        if r.log_start_offset() != log_start {
+            v.push(format!(
+                "CONVERGENCE{tag}: replica {} starts its log at {}, the leader at {log_start}",
+                r.id(),
+                r.log_start_offset()
+            ));
+        }
+        match committed(r) {
             Ok(batches) => {
                 let same = batches.len() == final_log.len()
                     && batches.iter().zip(&final_log).all(|(a, b)| {

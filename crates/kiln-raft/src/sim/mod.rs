@@ -48,16 +48,20 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use std::path::Path;
+
 use bytes::Bytes;
+use kiln_log::sim_fs::SimFs;
+pub use kiln_log::sim_fs::SyncBehaviour;
+use kiln_log::{LogConfig, LogTail};
 use openraft::ServerState;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::disk::{SimDisk, SyncBehaviour};
-use crate::partition::{raft_config, AppendAck, PartitionError, ReadBatch, ReplicatedPartition};
-use crate::recovery::LogTail;
+use crate::partition::{production_config, AppendAck, PartitionError, ReplicatedPartition, StartOptions};
+use crate::rng::StableRng;
+use crate::state_machine::GroupKind;
 use crate::types::{seed_thread_rng, NodeId};
 
 mod batch;
@@ -71,6 +75,7 @@ pub use net::{SimLink, SimNetworkFactory, SimRouter};
 
 use check::check;
 use net::link;
+use offsets::SimTable;
 use rot::{RotHunt, RotKind};
 
 const NODES: [NodeId; 3] = [1, 2, 3];
@@ -79,6 +84,58 @@ const NODES: [NodeId; 3] = [1, 2, 3];
 /// offsets.
 const DATA: usize = 0;
 const OFFSETS: usize = 1;
+/// Virtual ms between faults: scaled to the production election timeouts (300-600 ms), so
+/// that the cluster elects leaders between faults as a real one does.
+const FAULT_GAP_MS: std::ops::Range<u64> = 300..1200;
+/// How long a client keeps retrying an append (following leader hints, waiting out elections),
+/// as a Kafka producer does within its delivery timeout.
+const CLIENT_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Where each broker keeps its replica of each group, on its simulated disk.
+const DATA_DIR: &str = "/data";
+const OFFSETS_DIR: &str = "/offsets";
+
+/// One batch as a reader saw it: its Kafka offset and its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadBatch {
+    pub base_offset: i64,
+    pub bytes: Bytes,
+}
+
+/// The batches of a read.
+pub(super) fn split(records: &Bytes) -> Vec<ReadBatch> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while let Some(rest) = records.get(at..) {
+        let Ok(h) = kiln_log::BatchHeader::parse(rest) else {
+            break;
+        };
+        let len = h.total_len();
+        if rest.len() < len {
+            break;
+        }
+        out.push(ReadBatch {
+            base_offset: h.base_offset,
+            bytes: records.slice(at..at + len),
+        });
+        at += len;
+    }
+    out
+}
+
+/// The log settings the simulated replicas use: small segments, so rolls, seals and purges
+/// happen within a run, and every segment CRC-checked at each start, so rot anywhere in the
+/// synced log is found (production checks only what lies past the checkpoints, and the rest on
+/// read).
+fn sim_log_config() -> LogConfig {
+    LogConfig {
+        segment_bytes: 16 << 10,
+        index_interval_bytes: 512,
+        checkpoint_interval_bytes: 8 << 10,
+        verify_all_on_open: true,
+        ..LogConfig::default()
+    }
+}
 
 /// An acknowledged append: (number, ack, started at, acknowledged at, the batch sent).
 type Ack = (usize, AppendAck, Instant, Instant, Bytes);
@@ -107,6 +164,11 @@ pub struct SimOptions {
     /// its replica has written). On only to show the checker catches it.
     #[doc(hidden)]
     pub rebuild_past_high_watermark: bool,
+    /// Percent of fault rounds in which the data leader applies retention (removes every
+    /// closed segment), so followers behind it catch up from a snapshot.
+    pub retention_percent: u32,
+    /// The offsets group snapshots (and purges its log) after this many entries.
+    pub offsets_snapshot_every: u64,
 }
 
 impl SimOptions {
@@ -114,13 +176,15 @@ impl SimOptions {
         SimOptions {
             seed,
             sync: SyncBehaviour::Honest,
-            fault_ms: 6_000,
-            appends: 150,
+            fault_ms: 15_000,
+            appends: 300,
             aimed_percent: 75,
             rot_percent: 35,
             aimed_rot_weight: 8,
             repair_guard: true,
             rebuild_past_high_watermark: false,
+            retention_percent: 4,
+            offsets_snapshot_every: 40,
         }
     }
 }
@@ -166,6 +230,8 @@ pub struct SimReport {
     /// The offsets group: commits acknowledged and failed (or of unknown outcome), rebuilds
     /// of the committed offsets observed, leaders, and its final high watermark.
     pub commits_acknowledged: usize,
+    /// Times the data leader moved the log start (retention).
+    pub retentions: usize,
     pub failed_commits: usize,
     pub rebuilds: usize,
     pub offsets_leaders: usize,
@@ -204,24 +270,20 @@ impl SimReport {
 }
 
 struct Slot {
-    log_disk: SimDisk,
-    vote_disk: SimDisk,
+    /// The broker's disk: both replicas' files (`/data`, `/offsets`).
+    fs: SimFs,
     replica: Option<ReplicatedPartition>,
     watcher: Option<JoinHandle<()>>,
     /// Virtual ms at which a crashed replica comes back.
     restart_at: Option<u64>,
-    /// Log and vote bytes synced when it last crashed (only those may rot) and the index it
-    /// had applied.
-    synced_at_crash: (usize, usize),
+    /// The index it had applied when it last crashed.
     applied_at_crash: Option<u64>,
     /// The broker's replica of the offsets group.
     offsets: Member,
 }
 
-/// A broker's replica of the offsets group and its files.
+/// A broker's replica of the offsets group.
 struct Member {
-    log_disk: SimDisk,
-    vote_disk: SimDisk,
     replica: Option<ReplicatedPartition>,
     watcher: Option<JoinHandle<()>>,
 }
@@ -244,7 +306,7 @@ struct Shared {
 struct World {
     start: Instant,
     router: SimRouter,
-    rng: StdRng,
+    rng: StableRng,
     slots: BTreeMap<NodeId, Slot>,
     shared: Arc<Mutex<Shared>>,
     report: SimReport,
@@ -294,27 +356,35 @@ impl World {
         self.start_offsets(id).await;
     }
 
+    /// The options of broker `id`'s replica in `dir` on `fs`.
+    fn options(&self, id: NodeId, fs: &SimFs, dir: &str, kind: GroupKind) -> StartOptions {
+        StartOptions {
+            id,
+            config: production_config(),
+            fs: Arc::new(fs.clone()),
+            dir: Path::new(dir).to_path_buf(),
+            log: sim_log_config(),
+            kind,
+            repairable: true,
+            enforce_guard: self.opts.repair_guard,
+            max_entry_bytes: crate::partition::ENTRY_BYTES_MAX,
+            table_snapshot_every: self.opts.offsets_snapshot_every,
+        }
+    }
+
     /// Starts broker `id`'s replica of the offsets group (its files are never rotted).
     async fn start_offsets(&mut self, id: NodeId) {
-        let config = raft_config(50, 150, 300);
-        let Some(slot) = self.slots.get_mut(&id) else {
+        let Some(fs) = self.slots.get(&id).map(|s| s.fs.clone()) else {
             return;
         };
-        let member = &mut slot.offsets;
+        let table = Arc::new(SimTable::default());
+        let opts = self.options(id, &fs, OFFSETS_DIR, GroupKind::Table(table.clone()));
         let network = SimNetworkFactory {
             group: OFFSETS,
             from: id,
             router: self.router.clone(),
         };
-        let started = ReplicatedPartition::start_guarded(
-            id,
-            config,
-            Arc::new(member.log_disk.clone()),
-            Arc::new(member.vote_disk.clone()),
-            network,
-            self.opts.repair_guard,
-        )
-        .await;
+        let started = ReplicatedPartition::start(opts, network).await;
         let (replica, recovery) = match started {
             Ok(r) => r,
             Err(e) => {
@@ -325,21 +395,17 @@ impl World {
             }
         };
         self.router.lock().up.insert((OFFSETS, id), replica.clone());
-        lock(&self.shared)
-            .off
-            .disks
-            .insert(id, member.log_disk.clone());
-        member.watcher = Some(watch_leaders(
-            OFFSETS,
-            &replica,
-            Arc::clone(&self.shared),
-            self.start,
-        ));
-        member.replica = Some(replica);
+        lock(&self.shared).off.tables.insert(id, table);
+        let watcher = watch_leaders(OFFSETS, &replica, Arc::clone(&self.shared), self.start);
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        slot.offsets.watcher = Some(watcher);
+        slot.offsets.replica = Some(replica);
         self.log(format!(
             "start offsets replica {id}: recovered {} entries, cut {} bytes{}",
-            recovery.entries,
-            recovery.cut_bytes,
+            recovery.entries(),
+            recovery.log.cut_bytes,
             if recovery.repairing() {
                 "; repairing"
             } else {
@@ -350,25 +416,19 @@ impl World {
 
     /// Starts broker `id`'s replica of the data partition.
     async fn start_data(&mut self, id: NodeId) {
-        let config = raft_config(50, 150, 300);
-        let Some(slot) = self.slots.get_mut(&id) else {
+        let Some(fs) = self.slots.get(&id).map(|s| s.fs.clone()) else {
             return;
         };
-        slot.restart_at = None;
+        let opts = self.options(id, &fs, DATA_DIR, GroupKind::Data);
+        if let Some(slot) = self.slots.get_mut(&id) {
+            slot.restart_at = None;
+        }
         let network = SimNetworkFactory {
             group: DATA,
             from: id,
             router: self.router.clone(),
         };
-        let started = ReplicatedPartition::start_guarded(
-            id,
-            config,
-            Arc::new(slot.log_disk.clone()),
-            Arc::new(slot.vote_disk.clone()),
-            network,
-            self.opts.repair_guard,
-        )
-        .await;
+        let started = ReplicatedPartition::start(opts, network).await;
         let (replica, recovery) = match started {
             Ok(r) => r,
             Err(e) => {
@@ -379,21 +439,21 @@ impl World {
             }
         };
         self.router.lock().up.insert((DATA, id), replica.clone());
-        slot.watcher = Some(watch_leaders(
-            DATA,
-            &replica,
-            Arc::clone(&self.shared),
-            self.start,
-        ));
+        let watcher = watch_leaders(DATA, &replica, Arc::clone(&self.shared), self.start);
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        slot.watcher = Some(watcher);
         slot.replica = Some(replica);
         let mut line = format!(
             "start replica {id}: recovered {} entries, cut {} bytes",
-            recovery.entries, recovery.cut_bytes
+            recovery.entries(),
+            recovery.log.cut_bytes
         );
-        if let LogTail::Damaged(d) = recovery.tail {
+        if let LogTail::Damaged(d) = &recovery.log.tail {
             line += &format!(
-                "; DAMAGE ({:?}) at byte {}: entries from {} lost, highest index after it {:?}",
-                d.cause, d.at_byte, d.first_lost_index, d.highest_index_after
+                "; DAMAGE at byte {} of {}: entries from {} lost, synced through {:?} ({})",
+                d.position, d.path, d.first_lost_index, d.synced_through, d.reason
             );
         }
         if recovery.vote.latest_lost {
@@ -489,12 +549,10 @@ impl World {
         if self.rng.random_range(0..100) >= self.opts.rot_percent || !self.may_rot(id) {
             return;
         }
-        let Some(slot) = self.slots.get(&id) else {
+        let Some(fs) = self.slots.get(&id).map(|s| s.fs.clone()) else {
             return;
         };
-        let (synced, vote_synced) = slot.synced_at_crash;
-        let (log, vote) = (slot.log_disk.clone(), slot.vote_disk.clone());
-        if let Some(rotted) = rot::rot_at_random(&mut self.rng, &log, &vote, synced, vote_synced) {
+        if let Some(rotted) = rot::rot_at_random(&mut self.rng, &fs, Path::new(DATA_DIR)) {
             self.note_rot(id, rotted, false);
         }
     }
@@ -542,12 +600,10 @@ impl World {
             .and_then(|s| s.replica.as_ref())
             .and_then(|r| r.raft().metrics().borrow().last_log_index);
         self.crash_node(h.victim, "rot hunt");
-        let Some(slot) = self.slots.get(&h.victim) else {
+        let Some(fs) = self.slots.get(&h.victim).map(|s| s.fs.clone()) else {
             return;
         };
-        let log = slot.log_disk.clone();
-        let synced = slot.synced_at_crash.0;
-        if let Some(rotted) = rot::rot_aimed(&mut self.rng, &log, synced, lagging_last) {
+        if let Some(rotted) = rot::rot_aimed(&mut self.rng, &fs, Path::new(DATA_DIR), lagging_last) {
             self.note_rot(h.victim, rotted, true);
         }
         self.router.lock().cut.insert(link(h.leader, h.victim));
@@ -572,25 +628,14 @@ impl World {
             net.up.remove(&(DATA, id));
             net.up.remove(&(OFFSETS, id));
         }
-        slot.synced_at_crash = (slot.log_disk.synced_len(), slot.vote_disk.synced_len());
         if let Some(r) = &replica {
             slot.applied_at_crash = r.raft().metrics().borrow().last_applied.map(|l| l.index);
         }
-        let unsynced = slot.log_disk.unsynced_len();
-        let vote_unsynced = slot.vote_disk.unsynced_len();
-        let keep_log = self.rng.random_range(0..=unsynced);
-        let log = slot.log_disk.crash_counting(|_| keep_log);
-        let vote = slot.vote_disk.crash_counting(|_| 0);
-        slot.log_disk = log.disk;
-        slot.vote_disk = vote.disk;
+        let unsynced = slot.fs.unsynced_bytes();
+        let rng = &mut self.rng;
+        let (fs, crash) = slot.fs.crash(|n| rng.random_range(0..=n));
+        slot.fs = fs;
         let off = &mut slot.offsets;
-        let off_unsynced = off.log_disk.unsynced_len();
-        let off_vote_unsynced = off.vote_disk.unsynced_len();
-        let keep_off = self.rng.random_range(0..=off_unsynced);
-        let off_log = off.log_disk.crash_counting(|_| keep_off);
-        let off_vote = off.vote_disk.crash_counting(|_| 0);
-        off.log_disk = off_log.disk;
-        off.vote_disk = off_vote.disk;
         for w in [slot.watcher.take(), off.watcher.take()]
             .into_iter()
             .flatten()
@@ -604,18 +649,15 @@ impl World {
                 r.shutdown().await;
             }
         });
-        let dropped =
-            log.dropped_bytes + vote.dropped_bytes + off_log.dropped_bytes + off_vote.dropped_bytes;
+        let dropped = crash.dropped_bytes;
         self.report.crashes += 1;
         if dropped > 0 {
             self.report.crashes_losing_unsynced += 1;
-            self.report.unsynced_bytes_dropped += dropped as u64;
+            self.report.unsynced_bytes_dropped += dropped;
         }
         self.log(format!(
-            "crash replica {id} ({why}): {unsynced} unsynced log bytes, {keep_log} of them \
-             survive; {vote_unsynced} unsynced vote bytes dropped; offsets: {off_unsynced} \
-             unsynced log bytes, {keep_off} survive, {off_vote_unsynced} unsynced vote bytes \
-             dropped"
+            "crash replica {id} ({why}): {unsynced} unsynced bytes in {} files, {dropped} of them lost",
+            crash.files_with_unsynced
         ));
     }
 
@@ -623,13 +665,7 @@ impl World {
     fn in_flight(&self) -> Vec<NodeId> {
         self.slots
             .iter()
-            .filter(|(_, s)| {
-                s.replica.is_some()
-                    && (s.log_disk.unsynced_len() > 0
-                        || s.vote_disk.unsynced_len() > 0
-                        || s.offsets.log_disk.unsynced_len() > 0
-                        || s.offsets.vote_disk.unsynced_len() > 0)
-            })
+            .filter(|(_, s)| s.replica.is_some() && s.fs.unsynced_bytes() > 0)
             .map(|(&id, _)| id)
             .collect()
     }
@@ -637,23 +673,25 @@ impl World {
     /// Slows the next fsync of `id`'s files by a seeded 2-40 ms (or disarms it), so that the
     /// write it covers is still unsynced at the next 1 ms step of the fault loop.
     fn stall_next_sync(&mut self, id: NodeId, arm: bool) {
-        let (log_ms, vote_ms) = if arm {
-            (self.rng.random_range(2..=40), self.rng.random_range(2..=40))
-        } else {
-            (0, 0)
-        };
+        let ms = if arm { self.rng.random_range(2..=40) } else { 0 };
         if let Some(slot) = self.slots.get(&id) {
-            slot.log_disk.stall_next_sync(Duration::from_millis(log_ms));
-            slot.vote_disk
-                .stall_next_sync(Duration::from_millis(vote_ms));
-            // The broker's offsets files sit on the same disk.
-            slot.offsets
-                .log_disk
-                .stall_next_sync(Duration::from_millis(log_ms));
-            slot.offsets
-                .vote_disk
-                .stall_next_sync(Duration::from_millis(vote_ms));
+            slot.fs.stall_next_sync(Duration::from_millis(ms));
         }
+    }
+
+    /// Retention on the data leader: every closed segment goes (the leader proposes the new
+    /// log start; every replica applies it, and one that lacks those entries later installs a
+    /// snapshot instead).
+    fn apply_retention(&mut self) {
+        let Some(leader) = leader_of(&self.up()) else {
+            return;
+        };
+        let Some(command) = leader.retention_command(i64::MAX, Some(0), None) else {
+            return;
+        };
+        self.report.retentions += 1;
+        self.log(format!("retention on leader {}: {command:?}", leader.id()));
+        let _ = leader.proposer().submit_command(command);
     }
 
     fn power_loss(&mut self, why: &str) {
@@ -737,44 +775,59 @@ fn leader_of(replicas: &[ReplicatedPartition]) -> Option<ReplicatedPartition> {
 }
 
 async fn client_append(
-    world_up: Vec<ReplicatedPartition>,
+    router: SimRouter,
     n: usize,
     batch: Bytes,
     shared: Arc<Mutex<Shared>>,
     start: Instant,
 ) {
     let began = Instant::now();
-    let mut target = leader_of(&world_up).or_else(|| world_up.first().cloned());
-    let mut tries = 0;
-    let res = loop {
-        let Some(t) = target.clone() else {
-            lock(&shared).failed += 1;
-            return;
-        };
-        tries += 1;
-        let res = tokio::time::timeout(Duration::from_secs(3), t.append(batch.clone())).await;
-        // Follow the leader hint, as a Kafka client does after NOT_LEADER_OR_FOLLOWER.
-        if let Ok(Err(PartitionError::NotLeader { leader: Some(l) })) = &res {
-            if tries < 3 {
-                if let Some(next) = world_up.iter().find(|r| r.id() == *l) {
-                    target = Some(next.clone());
-                    continue;
-                }
+    let deadline = began + CLIENT_DEADLINE;
+    let mut hint: Option<NodeId> = None;
+    let (res, via) = loop {
+        let up = router.replicas(DATA);
+        let target = hint
+            .and_then(|h| up.iter().find(|r| r.id() == h).cloned())
+            .or_else(|| leader_of(&up));
+        let Some(t) = target else {
+            if Instant::now() >= deadline {
+                break (Err(PartitionError::NotLeader { leader: None }), None);
             }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        let res = match tokio::time::timeout(left, t.proposer().submit(batch.clone())).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(PartitionError::Stopped("the proposer stopped".into())),
+            Err(_) => {
+                log_line(
+                    &shared,
+                    start,
+                    format!("append {n} timed out (outcome unknown)"),
+                );
+                lock(&shared).failed += 1;
+                return;
+            }
+        };
+        match res {
+            // Follow the leader hint, as a Kafka client does after NOT_LEADER_OR_FOLLOWER, or
+            // wait for an election.
+            Err(PartitionError::NotLeader { leader }) if Instant::now() < deadline => {
+                hint = leader;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => break (other, Some(t.id())),
         }
-        break res;
-    };
-    let Some(target) = target else {
-        return;
     };
     match res {
-        Ok(Ok(ack)) => {
+        Ok(ack) => {
             log_line(
                 &shared,
                 start,
                 format!(
                     "ack append {n} via replica {}: offsets {}..={} epoch {}",
-                    target.id(),
+                    via.unwrap_or(0),
                     ack.base_offset,
                     ack.last_offset,
                     ack.leader_epoch
@@ -784,20 +837,12 @@ async fn client_append(
                 .acks
                 .push((n, ack, began, Instant::now(), batch));
         }
-        Ok(Err(e)) => {
+        Err(e) => {
             let why = match e {
                 PartitionError::NotLeader { .. } => "not leader".to_string(),
                 other => other.to_string(),
             };
             log_line(&shared, start, format!("append {n} failed: {why}"));
-            lock(&shared).failed += 1;
-        }
-        Err(_) => {
-            log_line(
-                &shared,
-                start,
-                format!("append {n} timed out (outcome unknown)"),
-            );
             lock(&shared).failed += 1;
         }
     }
@@ -817,8 +862,8 @@ async fn commit_marker(world: &World, group: usize) -> Option<ReplicatedPartitio
         } else {
             offsets::commit_batch(offsets::MARKER_KEY, -1)
         };
-        if let Ok(Ok(ack)) =
-            tokio::time::timeout(Duration::from_secs(2), l.append(marker.clone())).await
+        if let Ok(Ok(Ok(ack))) =
+            tokio::time::timeout(Duration::from_secs(2), l.proposer().submit(marker.clone())).await
         {
             world.log(format!(
                 "{name}final marker committed at {} by replica {} (attempt {attempt})",
@@ -842,7 +887,7 @@ async fn commit_marker(world: &World, group: usize) -> Option<ReplicatedPartitio
 /// tokio runtime with paused time (see the module docs).
 pub async fn run(opts: SimOptions) -> SimReport {
     seed_thread_rng(opts.seed ^ 0x9e37_79b9_7f4a_7c15);
-    let mut rng = StdRng::seed_from_u64(opts.seed);
+    let mut rng = StableRng::seed(opts.seed);
     let router = SimRouter::new(rng.random());
     let mut slots = BTreeMap::new();
     for id in NODES {
@@ -850,16 +895,12 @@ pub async fn run(opts: SimOptions) -> SimReport {
         slots.insert(
             id,
             Slot {
-                log_disk: SimDisk::new(sync_delay, opts.sync),
-                vote_disk: SimDisk::new(sync_delay, opts.sync),
+                fs: SimFs::new(sync_delay, opts.sync),
                 replica: None,
                 watcher: None,
                 restart_at: None,
-                synced_at_crash: (0, 0),
                 applied_at_crash: None,
                 offsets: Member {
-                    log_disk: SimDisk::new(sync_delay, opts.sync),
-                    vote_disk: SimDisk::new(sync_delay, opts.sync),
                     replica: None,
                     watcher: None,
                 },
@@ -941,7 +982,7 @@ pub async fn run(opts: SimOptions) -> SimReport {
     }
     let mut client_tasks = Vec::new();
     let mut next_read = 0u64;
-    let mut next_fault = world.rng.random_range(100..400);
+    let mut next_fault = world.rng.random_range(FAULT_GAP_MS);
     let mut plan = client_plan.into_iter().peekable();
     let mut spike_until = 0u64;
     let mut hunt: Option<Hunt> = None;
@@ -962,7 +1003,7 @@ pub async fn run(opts: SimOptions) -> SimReport {
         while let Some((when, n, batch)) = plan.next_if(|(w, _, _)| *w <= now) {
             let _ = when;
             client_tasks.push(tokio::spawn(client_append(
-                world.up(),
+                world.router.clone(),
                 n,
                 batch,
                 Arc::clone(&world.shared),
@@ -974,10 +1015,13 @@ pub async fn run(opts: SimOptions) -> SimReport {
             let up = world.up();
             if !up.is_empty() {
                 let r = &up[world.rng.random_range(0..up.len())];
-                if let Ok(batches) = r.read(0, usize::MAX) {
+                if let Ok(read) = r.read(r.log_start_offset(), usize::MAX) {
                     let mut s = lock(&world.shared);
-                    s.reads.extend(batches.into_iter().map(|b| (r.id(), b)));
+                    s.reads.extend(split(&read.records).into_iter().map(|b| (r.id(), b)));
                 }
+            }
+            if world.rng.random_range(0..1000) < opts.retention_percent * 10 {
+                world.apply_retention();
             }
         }
         if spike_until != 0 && now >= spike_until {
@@ -1019,7 +1063,7 @@ pub async fn run(opts: SimOptions) -> SimReport {
                 if hit {
                     world.report.aimed_crashes += in_flight.len();
                 }
-                next_fault = now + world.rng.random_range(100..500);
+                next_fault = now + world.rng.random_range(FAULT_GAP_MS);
             }
             continue;
         }
@@ -1029,12 +1073,12 @@ pub async fn run(opts: SimOptions) -> SimReport {
             if acked || now >= h.until {
                 rot_hunt = None;
                 world.finish_rot_hunt(h, acked);
-                next_fault = now + world.rng.random_range(100..500);
+                next_fault = now + world.rng.random_range(FAULT_GAP_MS);
             }
             continue;
         }
         if now >= next_fault {
-            next_fault = now + world.rng.random_range(100..500);
+            next_fault = now + world.rng.random_range(FAULT_GAP_MS);
             let roll = world.rng.random_range(0..100 + opts.aimed_rot_weight);
             let up: Vec<NodeId> = world.up().iter().map(|r| r.id()).collect();
             let down = world.down();

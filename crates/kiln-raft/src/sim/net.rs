@@ -14,10 +14,10 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use openraft::{EmptyNode, RaftNetwork, RaftNetworkFactory};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
 use crate::partition::ReplicatedPartition;
+use crate::rng::StableRng;
 use crate::types::{KilnRaft, NodeId};
 
 pub(super) struct NetState {
@@ -25,7 +25,7 @@ pub(super) struct NetState {
     pub(super) up: BTreeMap<(usize, NodeId), ReplicatedPartition>,
     /// Cut links, stored as (low, high).
     pub(super) cut: BTreeSet<(NodeId, NodeId)>,
-    rng: StdRng,
+    rng: StableRng,
     pub(super) delay_max_ms: u64,
     pub(super) loss_percent: u32,
 }
@@ -54,7 +54,7 @@ impl SimRouter {
             state: Arc::new(Mutex::new(NetState {
                 up: BTreeMap::new(),
                 cut: BTreeSet::new(),
-                rng: StdRng::seed_from_u64(seed),
+                rng: StableRng::seed(seed),
                 delay_max_ms: 8,
                 loss_percent: 1,
             })),
@@ -170,14 +170,20 @@ impl RaftNetwork<KilnRaft> for SimLink {
 
     async fn install_snapshot(
         &mut self,
-        _rpc: InstallSnapshotRequest<KilnRaft>,
+        rpc: InstallSnapshotRequest<KilnRaft>,
         _option: RPCOption,
     ) -> Result<
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, EmptyNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        // The log is never purged, so a follower is always caught up from the log.
-        Err(unreachable("snapshots are not used"))
+        let target = self.router.deliver(self.group, self.from, self.to).await?;
+        let resp = target
+            .raft()
+            .install_snapshot(rpc)
+            .await
+            .map_err(|_| unreachable("target stopped"))?;
+        self.router.respond(self.group, self.from, self.to).await?;
+        Ok(resp)
     }
 
     async fn vote(

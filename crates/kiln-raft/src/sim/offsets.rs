@@ -1,29 +1,29 @@
-//! The consumer-offsets group of the simulated cluster: a consumer that commits offsets
-//! through the group's leader, and a coordinator that rebuilds the committed offsets from the
-//! group's log, as a new group coordinator does before serving.
+//! The consumer-offsets group of the simulated cluster, a table group as the broker's is: a
+//! consumer commits offsets through the group's leader, every replica applies them to a
+//! [`SimTable`] (latest offset per key), the table is snapshotted and the log behind it purged,
+//! and a coordinator reads the leader's table as a new group coordinator does before serving.
 //!
 //! Each commit is one record batch, key = `group/topic/partition`, value = the offset (8 bytes,
 //! big-endian). The consumer commits one key at a time per key task, each offset higher than
 //! the last it submitted, and counts a commit only once it is acknowledged. The coordinator,
-//! every 20-120 ms, picks the offsets leader, waits for `ensure_linearizable`, reads the log
-//! below the high watermark and keeps the latest value per key.
+//! every 20-120 ms, picks the offsets leader, waits for `ensure_linearizable` and reads its
+//! table.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use openraft::EntryPayload;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use tokio::time::Instant;
 
 use super::batch::{build_keyed_batch, keyed_records};
-use super::{leader_of, lock, log_line, Ack, Shared, SimRouter, OFFSETS};
-use crate::disk::{Disk, SimDisk};
-use crate::partition::{PartitionError, ReadBatch, ReplicatedPartition};
-use crate::recovery::scan_log;
-use crate::types::{Batches, NodeId};
+use super::{leader_of, lock, log_line, split, Ack, ReadBatch, Shared, SimRouter, OFFSETS};
+use crate::partition::{PartitionError, ReplicatedPartition};
+use crate::record::Reader;
+use crate::rng::StableRng;
+use crate::state_machine::Table;
+use crate::types::NodeId;
 
 /// The keys the consumer commits (group/topic/partition).
 pub(super) const KEYS: [&str; 3] = [
@@ -34,6 +34,85 @@ pub(super) const KEYS: [&str; 3] = [
 
 /// The key of the marker entry committed after healing (not a consumer's key).
 pub(super) const MARKER_KEY: &str = "__marker";
+
+/// The latest offset per key, applied in log order.
+#[derive(Default)]
+pub(super) struct SimTable {
+    values: Mutex<BTreeMap<String, i64>>,
+    /// Records that did not decode (the checker reports them).
+    pub(super) undecodable: Mutex<usize>,
+}
+
+impl SimTable {
+    pub(super) fn values(&self) -> BTreeMap<String, i64> {
+        let mut v = lock_table(&self.values).clone();
+        v.remove(MARKER_KEY);
+        v
+    }
+}
+
+fn lock_table<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Table for SimTable {
+    fn apply(&self, _index: u64, _kafka_offset: i64, batches: &Bytes) {
+        let mut values = lock_table(&self.values);
+        for b in kiln_log::batch::batches(batches) {
+            let Ok(b) = b else {
+                *lock_table(&self.undecodable) += 1;
+                return;
+            };
+            apply_batch(&mut values, b.bytes, &self.undecodable);
+        }
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        let values = lock_table(&self.values);
+        let mut out = Vec::new();
+        out.extend_from_slice(&(values.len() as u32).to_be_bytes());
+        for (k, v) in values.iter() {
+            out.extend_from_slice(&(k.len() as u32).to_be_bytes());
+            out.extend_from_slice(k.as_bytes());
+            out.extend_from_slice(&v.to_be_bytes());
+        }
+        out
+    }
+
+    fn restore(&self, snapshot: &[u8]) -> Result<(), String> {
+        let mut r = Reader::new(snapshot);
+        let bad = || "sim table snapshot does not decode".to_string();
+        let n = r.u32().ok_or_else(bad)?;
+        let mut values = BTreeMap::new();
+        for _ in 0..n {
+            let len = r.u32().ok_or_else(bad)? as usize;
+            let key = String::from_utf8(r.take(len).ok_or_else(bad)?.to_vec()).map_err(|_| bad())?;
+            values.insert(key, r.i64().ok_or_else(bad)?);
+        }
+        if !r.done() {
+            return Err(bad());
+        }
+        *lock_table(&self.values) = values;
+        Ok(())
+    }
+}
+
+fn apply_batch(values: &mut BTreeMap<String, i64>, batch: &[u8], undecodable: &Mutex<usize>) {
+    let Some(records) = keyed_records(batch) else {
+        *lock_table(undecodable) += 1;
+        return;
+    };
+    for (key, value) in records {
+        let key = key.and_then(|k| String::from_utf8(k).ok());
+        let value: Option<[u8; 8]> = value.as_slice().try_into().ok();
+        match (key, value) {
+            (Some(k), Some(v)) => {
+                values.insert(k, i64::from_be_bytes(v));
+            }
+            _ => *lock_table(undecodable) += 1,
+        }
+    }
+}
 
 /// What the offsets group's client side recorded during the run.
 #[derive(Default)]
@@ -48,11 +127,10 @@ pub(super) struct OffsetsShared {
     pub(super) submitted: BTreeMap<String, i64>,
     /// Every rebuild, in the order it finished.
     pub(super) rebuilds: Vec<Rebuild>,
-    /// (replica, batch) every rebuild read.
+    /// (replica, batch) every read of the group's log returned.
     pub(super) reads: Vec<(NodeId, ReadBatch)>,
-    /// Each broker's offsets log file, for the broken rebuild that reads past the high
-    /// watermark.
-    pub(super) disks: BTreeMap<NodeId, SimDisk>,
+    /// Each broker's table, for the coordinator (the current incarnation's).
+    pub(super) tables: BTreeMap<NodeId, Arc<SimTable>>,
     /// Batches a rebuild could not decode.
     pub(super) undecodable: usize,
 }
@@ -75,33 +153,6 @@ pub(super) fn commit_batch(key: &str, offset: i64) -> Bytes {
     ))
 }
 
-/// The latest offset per key over `batches`, in log order, and how many batches (or records)
-/// could not be decoded.
-pub(super) fn latest<'a>(
-    batches: impl Iterator<Item = &'a [u8]>,
-) -> (BTreeMap<String, i64>, usize) {
-    let mut values = BTreeMap::new();
-    let mut bad = 0;
-    for b in batches {
-        let Some(records) = keyed_records(b) else {
-            bad += 1;
-            continue;
-        };
-        for (key, value) in records {
-            let key = key.and_then(|k| String::from_utf8(k).ok());
-            let value: Option<[u8; 8]> = value.as_slice().try_into().ok();
-            match (key, value) {
-                (Some(k), Some(v)) => {
-                    values.insert(k, i64::from_be_bytes(v));
-                }
-                _ => bad += 1,
-            }
-        }
-    }
-    values.remove(MARKER_KEY);
-    (values, bad)
-}
-
 /// One consumer key: commits rising offsets until `until`, one at a time.
 pub(super) async fn consumer(
     key: &'static str,
@@ -111,7 +162,7 @@ pub(super) async fn consumer(
     until: Instant,
     seed: u64,
 ) {
-    let mut rng = StdRng::seed_from_u64(seed);
+    let mut rng = StableRng::seed(seed);
     let mut offset = 0i64;
     let mut n = 0usize;
     loop {
@@ -124,23 +175,33 @@ pub(super) async fn consumer(
         lock(&shared).off.submitted.insert(key.to_string(), offset);
         let batch = commit_batch(key, offset);
         let began = Instant::now();
-        let replicas = router.replicas(OFFSETS);
-        let mut target = leader_of(&replicas).or_else(|| replicas.first().cloned());
-        let mut tries = 0;
+        let deadline = began + super::CLIENT_DEADLINE;
+        let mut hint: Option<NodeId> = None;
         let res = loop {
-            let Some(t) = target.clone() else {
-                break None;
+            let up = router.replicas(OFFSETS);
+            let target = hint
+                .and_then(|h| up.iter().find(|r| r.id() == h).cloned())
+                .or_else(|| leader_of(&up));
+            let Some(t) = target else {
+                if Instant::now() >= deadline {
+                    break None;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
             };
-            tries += 1;
-            let res = tokio::time::timeout(Duration::from_secs(3), t.append(batch.clone())).await;
-            // Follow the coordinator hint, as a consumer does after NOT_COORDINATOR.
-            if let Ok(Err(PartitionError::NotLeader { leader: Some(l) })) = &res {
-                if tries < 3 {
-                    if let Some(next) = router.replicas(OFFSETS).into_iter().find(|r| r.id() == *l)
-                    {
-                        target = Some(next);
-                        continue;
-                    }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let res = match tokio::time::timeout(left, t.proposer().submit(batch.clone())).await {
+                Ok(Ok(r)) => Ok(r),
+                Ok(Err(_)) => Ok(Err(PartitionError::Stopped("the proposer stopped".into()))),
+                Err(e) => Err(e),
+            };
+            // Follow the coordinator hint, as a consumer does after NOT_COORDINATOR, or wait
+            // for an election.
+            if let Ok(Err(PartitionError::NotLeader { leader })) = &res {
+                if Instant::now() < deadline {
+                    hint = *leader;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
                 }
             }
             break Some((t.id(), res));
@@ -201,7 +262,7 @@ pub(super) async fn coordinator(
     seed: u64,
     past_high_watermark: bool,
 ) {
-    let mut rng = StdRng::seed_from_u64(seed);
+    let mut rng = StableRng::seed(seed);
     loop {
         tokio::time::sleep(Duration::from_millis(rng.random_range(20..120))).await;
         if Instant::now() >= until {
@@ -211,25 +272,9 @@ pub(super) async fn coordinator(
     }
 }
 
-/// Every batch in `disk`'s log file, committed or not (the broken rebuild).
-fn whole_log(disk: &SimDisk) -> Vec<Bytes> {
-    let Ok(bytes) = disk.read_all() else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for (_, entry) in scan_log(&bytes).entries {
-        if let EntryPayload::Normal(Batches(buf)) = &entry.payload {
-            for b in kiln_log::batch::batches(buf).flatten() {
-                out.push(Bytes::copy_from_slice(b.bytes));
-            }
-        }
-    }
-    out
-}
-
 /// One rebuild, as a new coordinator does it: on the offsets leader, `ensure_linearizable`,
-/// then the log below the high watermark (or, when `past_high_watermark`, everything the
-/// leader has written: the bug the checker must catch). Returns whether it happened.
+/// then its table (or, when `past_high_watermark`, the latest value per key in everything its
+/// log holds, committed or not: the bug the checker must catch). Returns whether it happened.
 pub(super) async fn rebuild(
     router: &SimRouter,
     shared: &Arc<Mutex<Shared>>,
@@ -252,7 +297,7 @@ pub(super) async fn rebuild(
     record_rebuild(&leader, shared, start, began, past_high_watermark)
 }
 
-/// Reads `leader`'s offsets log and records what the rebuild saw.
+/// Reads `leader`'s committed offsets and records what the rebuild saw.
 pub(super) fn record_rebuild(
     leader: &ReplicatedPartition,
     shared: &Arc<Mutex<Shared>>,
@@ -261,25 +306,34 @@ pub(super) fn record_rebuild(
     past_high_watermark: bool,
 ) -> bool {
     let high_watermark = leader.high_watermark();
-    let (values, bad, read) = if past_high_watermark {
-        let disk = lock(shared).off.disks.get(&leader.id()).cloned();
-        let batches = disk.map(|d| whole_log(&d)).unwrap_or_default();
-        let (values, bad) = latest(batches.iter().map(|b| b.as_ref()));
-        (values, bad, Vec::new())
-    } else {
-        let Ok(batches) = leader.read(0, usize::MAX) else {
+    let values = if past_high_watermark {
+        let Ok(read) = leader.read_past_high_watermark(leader.log_start_offset(), usize::MAX) else {
             return false;
         };
-        let (values, bad) = latest(batches.iter().map(|b| b.bytes.as_ref()));
-        (values, bad, batches)
+        let mut values = BTreeMap::new();
+        let undecodable = Mutex::new(0);
+        for b in split(&read.records) {
+            apply_batch(&mut values, &b.bytes, &undecodable);
+        }
+        values.remove(MARKER_KEY);
+        values
+    } else {
+        let table = lock(shared).off.tables.get(&leader.id()).cloned();
+        let Some(table) = table else {
+            return false;
+        };
+        table.values()
     };
     let n = {
         let mut s = lock(shared);
         let n = s.off.rebuilds.len();
-        s.off.undecodable += bad;
-        s.off
-            .reads
-            .extend(read.into_iter().map(|b| (leader.id(), b)));
+        let bad = s
+            .off
+            .tables
+            .values()
+            .map(|t| *lock_table(&t.undecodable))
+            .sum::<usize>();
+        s.off.undecodable = s.off.undecodable.max(bad);
         n
     };
     let shown: Vec<String> = values.iter().map(|(k, v)| format!("{k}={v}")).collect();

@@ -8,43 +8,85 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kiln_raft::disk::{Disk, FileDisk, SyncFuture};
+use kiln_log::fs::{Fs, FsFile, RealFs, SyncFuture};
+use kiln_raft::log_store::LogRecovery;
 use kiln_raft::net::{serve, GroupTable, PeerAddrs, TcpNetwork};
 use kiln_raft::partition::raft_config;
-use kiln_raft::recovery::LogRecovery;
 use kiln_raft::sim::build_batch;
-use kiln_raft::{NodeId, ReplicatedPartition};
+use kiln_raft::{NodeId, ReplicatedPartition, StartOptions};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 pub const GROUP: &str = "orders/0";
 pub const WAIT: Duration = Duration::from_secs(20);
 
-/// A file whose appends fail with ENOSPC while `full` is set, as on a full filesystem (the
-/// partial write already cut back, as `FileDisk` does).
-pub struct FullableDisk {
-    inner: FileDisk,
+/// The real file system, except that writes to log segments fail with ENOSPC while `full` is
+/// set, as on a full filesystem.
+pub struct FullableFs {
     pub full: Arc<AtomicBool>,
 }
 
-impl Disk for FullableDisk {
-    fn read_all(&self) -> io::Result<Vec<u8>> {
-        self.inner.read_all()
+struct FullableFile {
+    inner: Arc<dyn FsFile>,
+    segment: bool,
+    full: Arc<AtomicBool>,
+}
+
+impl FsFile for FullableFile {
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
     }
-    fn append(&self, bytes: &[u8]) -> io::Result<()> {
-        if self.full.load(Ordering::SeqCst) {
+    fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> io::Result<()> {
+        self.inner.read_exact_at(buf, pos)
+    }
+    fn write_all_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
+        if self.segment && self.full.load(Ordering::SeqCst) {
             return Err(io::Error::from_raw_os_error(28));
         }
-        self.inner.append(bytes)
+        self.inner.write_all_at(buf, pos)
     }
-    fn truncate(&self, len: u64) -> io::Result<()> {
-        self.inner.truncate(len)
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
     }
     fn sync(&self) -> SyncFuture {
         self.inner.sync()
     }
+    fn sync_now(&self) -> io::Result<()> {
+        self.inner.sync_now()
+    }
     fn describe(&self) -> String {
         self.inner.describe()
+    }
+}
+
+impl Fs for FullableFs {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        RealFs.create_dir_all(dir)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        RealFs.list(dir)
+    }
+    fn open(&self, path: &Path, create: bool) -> io::Result<Arc<dyn FsFile>> {
+        Ok(Arc::new(FullableFile {
+            inner: RealFs.open(path, create)?,
+            segment: path.extension().is_some_and(|e| e == "log"),
+            full: self.full.clone(),
+        }))
+    }
+    fn exists(&self, path: &Path) -> bool {
+        RealFs.exists(path)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        RealFs.remove_file(path)
+    }
+    fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
+        RealFs.remove_dir_all(dir)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        RealFs.rename(from, to)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        RealFs.sync_dir(dir)
     }
 }
 
@@ -54,7 +96,7 @@ pub struct Broker {
     pub replica: ReplicatedPartition,
     pub recovery: LogRecovery,
     pub server: JoinHandle<()>,
-    /// Set: this broker's `raft.log` is full.
+    /// Set: this broker's log segments are full.
     pub full: Arc<AtomicBool>,
 }
 
@@ -78,16 +120,14 @@ pub async fn start_broker(
 ) -> Broker {
     std::fs::create_dir_all(dir).unwrap();
     let full = Arc::new(AtomicBool::new(false));
-    let log = Arc::new(FullableDisk {
-        inner: FileDisk::open(&dir.join("raft.log")).unwrap(),
-        full: full.clone(),
-    });
-    let vote = Arc::new(FileDisk::open(&dir.join("vote")).unwrap());
+    let fs = Arc::new(FullableFs { full: full.clone() });
     let network = TcpNetwork::new(GROUP, peers.clone(), Duration::from_millis(500));
-    let (replica, recovery) =
-        ReplicatedPartition::start(id, raft_config(50, 150, 300), log, vote, network)
-            .await
-            .unwrap();
+    let (replica, recovery) = ReplicatedPartition::start(
+        StartOptions::data(id, raft_config(50, 150, 300), fs, dir),
+        network,
+    )
+    .await
+    .unwrap();
     let table = GroupTable::new();
     table.insert_replica(GROUP, &replica);
     let server = tokio::spawn(serve(listener, Arc::new(table)));
@@ -186,10 +226,11 @@ pub fn assert_log_holds(replica: &ReplicatedPartition, expected: &BTreeMap<i64, 
     assert_eq!(hw, expected.len() as i64, "replica {}", replica.id());
     let mut offset = 0i64;
     while offset < hw {
-        let batches = replica.read(offset, 64 << 10).unwrap();
-        assert!(!batches.is_empty(), "nothing read at {offset}");
-        for b in batches {
-            assert_eq!(b.base_offset, offset);
+        let read = replica.read(offset, 64 << 10).unwrap();
+        assert!(!read.records.is_empty(), "nothing read at {offset}");
+        for b in kiln_log::batch::batches(&read.records) {
+            let b = b.unwrap();
+            assert_eq!(b.header.base_offset, offset);
             let want = &expected[&offset];
             assert_eq!(
                 &b.bytes[16..],

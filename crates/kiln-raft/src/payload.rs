@@ -1,0 +1,127 @@
+//! What a Raft entry of a Kiln group carries (openraft's application data, `D`).
+//!
+//! A producer's records, or a command the replicas apply. On disk a data entry is its batches
+//! and a command one control batch of kind [`kiln_log::ControlKind::Command`] (kiln-log, "Entries");
+//! openraft's own blank and membership entries are control batches too.
+
+use bytes::Bytes;
+
+use crate::record::Reader;
+
+/// The payload of a normal (non-blank, non-membership) entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Payload {
+    /// One or more RecordBatch v2, validated. `kafka_offset` is `None` for a producer's new
+    /// append (the log stamps offsets) and the offset of the first record for an entry read
+    /// back from a log (its batches are stamped; a follower checks that its own log agrees).
+    Records {
+        batches: Bytes,
+        record_count: u32,
+        kafka_offset: Option<i64>,
+    },
+    /// A data entry without its bytes: what the Raft core of a data partition reads back to
+    /// apply (it only counts records), so applying never reads record bytes from disk.
+    Summary { record_count: u32, kafka_offset: i64 },
+    /// A request every replica applies at this point of the log.
+    Command(Command),
+}
+
+/// Commands every replica of a group applies in log order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// Retention: the log now starts at Kafka offset `kafka_offset`; the entries up to `index`
+    /// (written in `term`) may go, whole segments at a time.
+    LogStart {
+        index: u64,
+        term: u64,
+        kafka_offset: i64,
+    },
+}
+
+const COMMAND_LOG_START: u8 = 1;
+
+impl Command {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut p = Vec::with_capacity(32);
+        match self {
+            Command::LogStart {
+                index,
+                term,
+                kafka_offset,
+            } => {
+                p.push(COMMAND_LOG_START);
+                p.extend_from_slice(&index.to_be_bytes());
+                p.extend_from_slice(&term.to_be_bytes());
+                p.extend_from_slice(&kafka_offset.to_be_bytes());
+            }
+        }
+        p
+    }
+
+    /// `None` for an unknown or malformed command.
+    pub fn decode(payload: &[u8]) -> Option<Command> {
+        let mut r = Reader::new(payload);
+        let command = match r.u8()? {
+            COMMAND_LOG_START => Command::LogStart {
+                index: r.u64()?,
+                term: r.u64()?,
+                kafka_offset: r.i64()?,
+            },
+            _ => return None,
+        };
+        r.done().then_some(command)
+    }
+}
+
+impl Payload {
+    /// A producer's append: `batches` must already be validated.
+    pub fn records(batches: Bytes, record_count: u32) -> Payload {
+        Payload::Records {
+            batches,
+            record_count,
+            kafka_offset: None,
+        }
+    }
+
+    /// The Kafka offsets the entry takes.
+    pub fn record_count(&self) -> u32 {
+        match self {
+            Payload::Records { record_count, .. } | Payload::Summary { record_count, .. } => {
+                *record_count
+            }
+            Payload::Command(_) => 0,
+        }
+    }
+
+    /// Bytes this payload holds in memory (for cache bounds).
+    pub fn bytes_len(&self) -> usize {
+        match self {
+            Payload::Records { batches, .. } => batches.len(),
+            _ => 32,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn commands_round_trip_and_garbage_is_refused() {
+        let c = Command::LogStart {
+            index: 9,
+            term: 2,
+            kafka_offset: 1234,
+        };
+        assert_eq!(Command::decode(&c.encode()), Some(c));
+        let bytes = c.encode();
+        for cut in 0..bytes.len() {
+            assert_eq!(Command::decode(&bytes[..cut]), None);
+        }
+        let mut long = bytes.clone();
+        long.push(0);
+        assert_eq!(Command::decode(&long), None);
+        assert_eq!(Command::decode(&[9]), None);
+    }
+}
