@@ -2,9 +2,8 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
-use kiln_log::{FlushPolicy, LogConfig};
+use kiln_log::LogConfig;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -50,10 +49,10 @@ pub struct BrokerConfig {
     pub group_check_interval_ms: u64,
     /// Longest metadata string stored with a committed offset (Kafka's offset.metadata.max.bytes).
     pub offset_metadata_max_bytes: usize,
-    /// Compact the offsets log once it holds at least this many records...
+    /// The offsets group snapshots its table of committed offsets, and drops its log behind
+    /// the snapshot, after this many commit requests: a new coordinator's rebuild then costs
+    /// what the table holds, not every commit ever made.
     pub offsets_compact_min_records: u64,
-    /// ...and this many times more records than live (group, topic, partition) keys.
-    pub offsets_compact_ratio: u64,
     /// How often group lag and retention risk are computed (and warnings logged).
     pub group_lag_check_interval_ms: u64,
     /// Warn when a group's first unconsumed record is this far through its topic's retention window.
@@ -61,7 +60,8 @@ pub struct BrokerConfig {
     /// While a warning lasts, it is logged again this often.
     pub group_retention_warn_repeat_ms: u64,
     /// Replication: present, the broker is one of a cluster (see docs/replication.md); absent,
-    /// it runs standalone with one replica per partition.
+    /// it is a cluster of one: every partition is a Raft group with a single replica, on the
+    /// same path.
     pub cluster: Option<ClusterSettings>,
 }
 
@@ -109,11 +109,11 @@ impl Default for ClusterSettings {
             raft_listen: SocketAddr::from(([127, 0, 0, 1], 9093)),
             peers: Vec::new(),
             default_replication_factor: 3,
-            heartbeat_ms: 100,
-            election_timeout_min_ms: 300,
-            election_timeout_max_ms: 600,
+            heartbeat_ms: kiln_raft::partition::HEARTBEAT_MS,
+            election_timeout_min_ms: kiln_raft::partition::ELECTION_TIMEOUT_MIN_MS,
+            election_timeout_max_ms: kiln_raft::partition::ELECTION_TIMEOUT_MAX_MS,
             rpc_timeout_ms: 2_000,
-            max_entry_bytes: 1 << 20,
+            max_entry_bytes: kiln_raft::partition::ENTRY_BYTES_MAX,
         }
     }
 }
@@ -175,9 +175,9 @@ pub struct LogSettings {
     /// Delete the oldest closed segments while a partition is larger; -1 for no limit.
     pub retention_bytes: i64,
     pub index_interval_bytes: u32,
-    /// `0` (the default): acknowledge a produce only after its batch is fsynced (group commit).
-    /// `N > 0`: fsync every N milliseconds and acknowledge at once; a crash may lose up to N ms
-    /// of acknowledged records. Consumers never see data that is not yet fsynced either way.
+    /// Only `0` is accepted: a produce is acknowledged only after its batch is fsynced (on a
+    /// majority of replicas). Kept so that an older file saying `0` still loads; any other value
+    /// is refused with a message.
     pub flush_interval_ms: u64,
     pub checkpoint_interval_bytes: u64,
 }
@@ -206,7 +206,6 @@ impl Default for BrokerConfig {
             group_check_interval_ms: 100,
             offset_metadata_max_bytes: 4096,
             offsets_compact_min_records: 10_000,
-            offsets_compact_ratio: 4,
             group_lag_check_interval_ms: 10_000,
             group_retention_warn_fraction: 0.8,
             group_retention_warn_repeat_ms: 300_000,
@@ -242,12 +241,8 @@ impl LogSettings {
             retention_ms: u64::try_from(self.retention_ms).ok(),
             retention_bytes: u64::try_from(self.retention_bytes).ok(),
             index_interval_bytes: self.index_interval_bytes,
-            flush: if self.flush_interval_ms == 0 {
-                FlushPolicy::EveryBatch
-            } else {
-                FlushPolicy::Interval(Duration::from_millis(self.flush_interval_ms))
-            },
             checkpoint_interval_bytes: self.checkpoint_interval_bytes,
+            verify_all_on_open: false,
         }
     }
 }
@@ -279,10 +274,17 @@ impl BrokerConfig {
                 "max_connections and max_in_flight_per_connection must be at least 1".into(),
             );
         }
-        if self.log.segment_bytes < 1024 {
+        if self.log.segment_bytes < 8192 {
             return Err(format!(
-                "log.segment_bytes must be at least 1024, got {}",
+                "log.segment_bytes must be at least 8192, got {}",
                 self.log.segment_bytes
+            ));
+        }
+        if self.log.flush_interval_ms != 0 {
+            return Err(format!(
+                "log.flush_interval_ms = {} is no longer supported: every acknowledged produce \
+                 is fsynced first (on a majority of replicas); remove the setting",
+                self.log.flush_interval_ms
             ));
         }
         if self.log.segment_bytes > u32::MAX as u64 {
@@ -343,11 +345,8 @@ impl BrokerConfig {
                 self.group_retention_warn_fraction
             ));
         }
-        if self.offsets_compact_ratio < 2 {
-            return Err(format!(
-                "offsets_compact_ratio must be at least 2, got {}",
-                self.offsets_compact_ratio
-            ));
+        if self.offsets_compact_min_records == 0 {
+            return Err("offsets_compact_min_records must be at least 1".into());
         }
         Ok(())
     }
@@ -364,8 +363,24 @@ impl BrokerConfig {
 
     pub fn offsets_store_config(&self) -> crate::groups::StoreConfig {
         crate::groups::StoreConfig {
-            compact_min_records: self.offsets_compact_min_records,
-            compact_ratio: self.offsets_compact_ratio,
+            snapshot_every: self.offsets_compact_min_records,
+        }
+    }
+
+    /// The cluster settings this broker runs with: its `[cluster]`, or for a standalone broker
+    /// a cluster of one (itself at its advertised address, no Raft listener).
+    pub fn cluster_settings(&self) -> ClusterSettings {
+        match &self.cluster {
+            Some(c) => c.clone(),
+            None => ClusterSettings {
+                peers: vec![PeerSettings {
+                    id: self.node_id,
+                    kafka: self.advertised(),
+                    raft: String::new(),
+                }],
+                default_replication_factor: 1,
+                ..ClusterSettings::default()
+            },
         }
     }
 }

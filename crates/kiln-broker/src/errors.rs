@@ -1,9 +1,11 @@
-//! Storage and catalog errors as Kafka error codes.
+//! Storage, replication and cluster errors as Kafka error codes: the one mapping the broker
+//! uses.
 
 use kafka_protocol::ResponseError;
 use kiln_log::LogError;
+use kiln_raft::PartitionError;
 
-use crate::CatalogError;
+use crate::cluster::ClusterError;
 
 pub fn log_error_code(error: &LogError) -> ResponseError {
     match error {
@@ -15,20 +17,32 @@ pub fn log_error_code(error: &LogError) -> ResponseError {
         | LogError::DiskFull { .. }
         | LogError::Io { .. }
         | LogError::Poisoned(_)
-        | LogError::Closed => ResponseError::KafkaStorageError,
+        | LogError::Closed
+        | LogError::OutOfOrder(_) => ResponseError::KafkaStorageError,
     }
 }
 
-pub fn catalog_error_code(error: &CatalogError) -> ResponseError {
+pub fn partition_error_code(error: &PartitionError) -> ResponseError {
     match error {
-        CatalogError::AlreadyExists(_) => ResponseError::TopicAlreadyExists,
-        CatalogError::NotFound(_) => ResponseError::UnknownTopicOrPartition,
-        CatalogError::InvalidName(_) => ResponseError::InvalidTopicException,
-        CatalogError::InvalidPartitions(_) => ResponseError::InvalidPartitions,
-        CatalogError::InvalidConfig(_) => ResponseError::InvalidConfig,
-        CatalogError::Log(e) => log_error_code(e),
-        CatalogError::Io { .. } | CatalogError::BadMetadata { .. } => {
-            ResponseError::KafkaStorageError
-        }
+        // Also a replica that stopped leading mid-request: the client refreshes metadata and
+        // retries at the new leader.
+        PartitionError::NotLeader { .. } => ResponseError::NotLeaderOrFollower,
+        PartitionError::InvalidBatch(e) => log_error_code(e),
+        PartitionError::OffsetOutOfRange { .. } => ResponseError::OffsetOutOfRange,
+        PartitionError::Stopped(_) | PartitionError::Storage(_) => ResponseError::KafkaStorageError,
+    }
+}
+
+pub fn cluster_error_code(error: &ClusterError) -> ResponseError {
+    match error {
+        ClusterError::NotController(_) => ResponseError::NotController,
+        ClusterError::AlreadyExists(_) => ResponseError::TopicAlreadyExists,
+        ClusterError::NotFound(_) => ResponseError::UnknownTopicOrPartition,
+        ClusterError::InvalidName(_) => ResponseError::InvalidTopicException,
+        ClusterError::InvalidPartitions(_) => ResponseError::InvalidPartitions,
+        ClusterError::InvalidReplicationFactor(_) => ResponseError::InvalidReplicationFactor,
+        ClusterError::InvalidConfig(_) => ResponseError::InvalidConfig,
+        ClusterError::NotCommitted(_) => ResponseError::NotController,
+        ClusterError::Timeout => ResponseError::RequestTimedOut,
     }
 }

@@ -1,15 +1,17 @@
-//! Kiln's Kafka-compatible broker: standalone, or one of a replicated cluster (`cluster`).
+//! Kiln's Kafka-compatible broker: one of a replicated cluster (`cluster`), or a cluster of
+//! one, on the same path.
 //!
-//! `server` accepts connections, `connection` reads frames and keeps responses in
-//! request order, `handlers` answer one API each, `catalog` owns the topics and
-//! their partition logs (from `kiln-log`), `retention` ages data out, `groups` coordinates
-//! consumer groups and stores their committed offsets, `metrics` serves `GET /metrics`
-//! (per-topic counters in `traffic`, fsync timing from `kiln_log::stats`).
+//! `server` accepts connections, `connection` reads frames and keeps responses in request
+//! order, `handlers` answer one API each, `cluster` owns the topics and their replicas (Raft
+//! groups from `kiln-raft` on `kiln-log`), `retention` proposes log starts, `groups` coordinates
+//! consumer groups and keeps their committed offsets, `metrics` serves `GET /metrics` (per-topic
+//! counters in `traffic`, fsync timing from `kiln_log::stats`), `convert` takes in a data
+//! directory of the older standalone layout.
 
-mod catalog;
 pub mod cluster;
 pub mod config;
 mod connection;
+pub mod convert;
 mod errors;
 pub mod groups;
 mod handlers;
@@ -21,6 +23,5 @@ mod time;
 pub mod topic_config;
 pub mod traffic;
 
-pub use catalog::{Catalog, CatalogError, Topic};
 pub use config::{BrokerConfig, ClusterSettings, LogSettings, PeerSettings};
 pub use server::{BoundBroker, Broker};

@@ -5,7 +5,6 @@
 //! `deploy/prometheus/kiln-alerts.yml` use them, and a test checks that every name they use is
 //! one this module or the agent's exports.
 
-mod cluster;
 mod groups;
 mod topics;
 
@@ -26,9 +25,6 @@ pub async fn serve(listener: TcpListener, broker: Arc<Broker>) {
 fn render(broker: &Broker) -> String {
     let mut out = Exposition::new();
     groups::render(&mut out, broker, &lag::compute(broker));
-    match &broker.cluster {
-        Some(c) => cluster::render(&mut out, c),
-        None => topics::render(&mut out, broker),
-    }
+    topics::render(&mut out, &broker.cluster);
     out.finish()
 }

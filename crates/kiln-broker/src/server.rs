@@ -9,24 +9,22 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::catalog::Catalog;
 use crate::cluster::{self, Cluster};
 use crate::config::{split_host_port, BrokerConfig};
 use crate::groups::{self, Coordinator};
 use crate::identity::{self, DataDirLock, Identity};
-use crate::{connection, metrics, retention};
+use crate::{connection, convert, metrics, retention};
 
 /// State shared by every connection.
 pub struct Broker {
     pub config: BrokerConfig,
-    pub catalog: Catalog,
     /// Consumer groups and their committed offsets.
     pub groups: Coordinator,
-    pub identity: Identity,
+    identity: std::sync::Mutex<Identity>,
     pub advertised_host: String,
     pub advertised_port: i32,
-    /// Present in cluster mode: replicated topics, the controller and the Raft groups.
-    pub cluster: Option<Arc<Cluster>>,
+    /// The topics, the controller and the Raft groups (a cluster of one without `[cluster]`).
+    pub cluster: Arc<Cluster>,
     _lock: DataDirLock,
 }
 
@@ -39,46 +37,30 @@ pub struct BoundBroker {
 }
 
 impl Broker {
-    /// Locks the data directory, recovers every partition and binds the listener.
+    /// Locks the data directory, converts an older layout, binds the listener, opens every
+    /// replica and starts the Raft groups.
     pub async fn bind(config: BrokerConfig) -> anyhow::Result<BoundBroker> {
         config
             .validate()
             .map_err(anyhow::Error::msg)
             .context("invalid broker configuration")?;
         let lock = identity::lock_data_dir(&config.data_dir)?;
-        let identity = identity::load_or_create(&config.data_dir, config.node_id)?;
+        let (identity, fresh) = identity::load_or_create(&config.data_dir, config.node_id)?;
         let data_dir = config.data_dir.clone();
-        let log_defaults = config.log.clone();
-        let max_batch_bytes = config.max_batch_bytes;
-        let catalog = tokio::task::spawn_blocking(move || {
-            Catalog::open(&data_dir, log_defaults, max_batch_bytes)
-        })
-        .await
-        .context("catalog recovery task")?
-        .context("opening the topic catalog")?;
-        let cluster = match &config.cluster {
-            None => None,
-            Some(settings) => Some(
-                Cluster::start(cluster::StartParams {
-                    node_id: config.node_id,
-                    settings: settings.clone(),
-                    data_dir: config.data_dir.clone(),
-                    log_defaults: config.log.clone(),
-                    default_max_batch_bytes: config.max_batch_bytes,
-                })
+        let node_id = config.node_id;
+        let known_id = identity.cluster_id.clone();
+        let converted =
+            tokio::task::spawn_blocking(move || convert::run(&data_dir, node_id, known_id))
                 .await
-                .context("joining the cluster")?,
-            ),
-        };
-        let data_dir = config.data_dir.clone();
-        let replicated_offsets = cluster.as_ref().map(|c| c.offsets.clone());
-        let (group_config, store_config) = (config.group_config(), config.offsets_store_config());
-        let groups = tokio::task::spawn_blocking(move || {
-            groups::open(&data_dir, group_config, store_config, replicated_offsets)
-        })
-        .await
-        .context("offsets store recovery task")?
-        .context("opening the committed-offsets store")?;
+                .context("data directory conversion task")?
+                .context("converting the data directory")?;
+        let mut identity = identity;
+        // A directory holding an older layout is not new, whatever broker.json says.
+        let fresh = fresh && converted.is_none();
+        if let Some(id) = converted {
+            identity.cluster_id = Some(id);
+            identity::save(&config.data_dir, &identity)?;
+        }
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
@@ -90,6 +72,58 @@ impl Broker {
         };
         let (advertised_host, advertised_port) =
             split_host_port(&advertised).map_err(anyhow::Error::msg)?;
+        let mut settings = config.cluster_settings();
+        let raft_listener = match &config.cluster {
+            None => {
+                for peer in &mut settings.peers {
+                    peer.kafka = advertised.clone();
+                }
+                None
+            }
+            Some(c) => Some(
+                crate::cluster::join::bind_raft_listener(
+                    c.raft_listen,
+                    &settings,
+                    config.node_id,
+                    fresh.then_some(identity.incarnation),
+                )
+                .await?,
+            ),
+        };
+        if fresh {
+            identity::save(&config.data_dir, &identity)?;
+        }
+        let groups = groups::open(config.group_config(), config.offsets_store_config());
+        let persist_dir = config.data_dir.clone();
+        let persisted = std::sync::Arc::new(std::sync::Mutex::new(identity.clone()));
+        let persisted_for_cluster = persisted.clone();
+        let cluster = Cluster::start(cluster::StartParams {
+            node_id: config.node_id,
+            settings,
+            raft_listener,
+            data_dir: config.data_dir.clone(),
+            log_defaults: config.log.clone(),
+            default_max_batch_bytes: config.max_batch_bytes,
+            offsets_table: groups.store().table(),
+            offsets_snapshot_every: config.offsets_compact_min_records,
+            incarnation: identity.incarnation,
+            on_cluster_id: Box::new(move |id: &str| {
+                let mut identity = persisted_for_cluster.lock().unwrap_or_else(|e| e.into_inner());
+                if identity.cluster_id.as_deref() == Some(id) {
+                    return;
+                }
+                if let Some(old) = &identity.cluster_id {
+                    tracing::error!(recorded = %old, replicated = %id, "the cluster id in broker.json differs from the replicated one; recording the replicated one");
+                }
+                identity.cluster_id = Some(id.to_string());
+                if let Err(e) = identity::save(&persist_dir, &identity) {
+                    tracing::error!(error = %e, "could not record the cluster id in broker.json");
+                }
+            }),
+        })
+        .await
+        .context("starting the Raft groups")?;
+        groups.store().set_replica(cluster.offsets.clone());
         let metrics_listener = match config.metrics_address().map_err(anyhow::Error::msg)? {
             None => None,
             // Metrics are for operators; a taken port must not stop the broker from serving.
@@ -101,11 +135,11 @@ impl Broker {
                 }
             },
         };
+        let identity = persisted.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let broker = Arc::new(Broker {
             config,
-            catalog,
             groups,
-            identity,
+            identity: std::sync::Mutex::new(identity),
             advertised_host,
             advertised_port,
             cluster,
@@ -120,35 +154,56 @@ impl Broker {
 }
 
 impl Broker {
-    /// The bound a committed offset is checked against: the partition's high watermark, or in
-    /// cluster mode, where this broker may only follow the partition (its high watermark can
-    /// trail the leader's), no bound beyond the partition existing. `None`: no such partition.
+    /// The bound a committed offset is checked against: the partition's high watermark where
+    /// this broker leads it; where it only follows (its high watermark can trail the leader's),
+    /// no bound beyond the partition existing. `None`: no such partition.
     pub fn high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {
-        match &self.cluster {
-            None => self
-                .catalog
-                .get(topic)
-                .and_then(|t| t.partition(partition).map(|log| log.durable_offset())),
-            Some(cluster) => {
-                let t = cluster.topic(topic)?;
-                if partition < 0 || partition >= t.partition_count() {
-                    return None;
-                }
-                match cluster.partition(&t, partition) {
-                    Some(r) if r.is_leader() => Some(r.partition.high_watermark()),
-                    _ => Some(i64::MAX),
-                }
-            }
+        let t = self.cluster.topic(topic)?;
+        if partition < 0 || partition >= t.partition_count() {
+            return None;
+        }
+        match self.cluster.partition(&t, partition) {
+            Some(r) if r.is_leader() => Some(r.partition.high_watermark()),
+            _ => Some(i64::MAX),
         }
     }
 
-    /// The cluster id clients see: the replicated one in cluster mode once the controller has
-    /// written it, otherwise this broker's own.
-    pub fn cluster_id(&self) -> String {
-        self.cluster
-            .as_ref()
-            .and_then(|c| c.cluster_id())
-            .unwrap_or_else(|| self.identity.cluster_id.clone())
+    /// The cluster id clients see: the replicated one, which every broker records in
+    /// `broker.json` once learnt. `None` only before a new cluster has named itself.
+    pub fn cluster_id(&self) -> Option<String> {
+        if let Some(id) = self.cluster.cluster_id() {
+            return Some(id);
+        }
+        self.identity
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .cluster_id
+            .clone()
+    }
+}
+
+/// Longest wait, in a broker of one, for its groups to lead before it accepts connections.
+const READY_ALONE_WAIT: Duration = Duration::from_secs(10);
+
+/// A broker of one has no peers to wait for: its groups elect themselves at once. Accepting
+/// connections only once they lead and the committed offsets are loaded spares its first
+/// clients a round of NOT_LEADER and COORDINATOR_LOAD_IN_PROGRESS (connections made meanwhile
+/// wait in the listen backlog).
+async fn wait_until_ready_alone(broker: &Broker) {
+    let deadline = tokio::time::Instant::now() + READY_ALONE_WAIT;
+    loop {
+        let ready = broker.cluster.ready_alone() && broker.groups.store().is_serving();
+        if ready {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(
+                "the broker's groups did not all lead within {} s; serving anyway (clients retry)",
+                READY_ALONE_WAIT.as_secs()
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -178,7 +233,7 @@ impl BoundBroker {
         tracing::info!(
             address = %listener.local_addr()?,
             node_id = broker.config.node_id,
-            cluster_id = %broker.identity.cluster_id,
+            cluster_id = ?broker.cluster_id(),
             data_dir = %broker.config.data_dir.display(),
             "listening on {}",
             listener.local_addr()?
@@ -197,14 +252,15 @@ impl BoundBroker {
             broker.config.group_retention_warn_fraction,
             Duration::from_millis(broker.config.group_retention_warn_repeat_ms.max(1)),
         ));
-        let coordinator_task = broker.cluster.as_ref().map(|c| {
-            tokio::spawn(groups::follow_coordinator_leadership(
-                broker.clone(),
-                c.offsets.clone(),
-            ))
-        });
+        let coordinator_task = tokio::spawn(groups::follow_coordinator_leadership(
+            broker.clone(),
+            broker.cluster.offsets.clone(),
+        ));
         let metrics_task =
             metrics_listener.map(|l| tokio::spawn(metrics::serve(l, broker.clone())));
+        if broker.config.cluster.is_none() {
+            wait_until_ready_alone(&broker).await;
+        }
         let permits = Arc::new(Semaphore::new(broker.config.max_connections));
         tokio::pin!(shutdown);
         loop {
@@ -238,19 +294,8 @@ impl BoundBroker {
         if let Some(t) = metrics_task {
             t.abort();
         }
-        if let Some(t) = coordinator_task {
-            t.abort();
-        }
-        if let Some(cluster) = &broker.cluster {
-            cluster.shutdown().await;
-        }
-        let closing = broker.clone();
-        tokio::task::spawn_blocking(move || {
-            closing.groups.store().close();
-            closing.catalog.close_all()
-        })
-        .await
-        .context("closing partitions")?;
+        coordinator_task.abort();
+        broker.cluster.shutdown().await;
         Ok(())
     }
 }

@@ -7,6 +7,9 @@ use crate::config::LogSettings;
 /// Kafka's own limit, kept so names stay portable to a Kafka cluster.
 pub const TOPIC_NAME_LEN_MAX: usize = 249;
 
+/// Partitions one topic may have; a bound on what one request can make the broker open.
+pub const PARTITIONS_PER_TOPIC_MAX: u32 = 10_000;
+
 pub fn validate_topic_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("topic name is empty".into());

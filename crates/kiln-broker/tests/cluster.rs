@@ -45,6 +45,11 @@ struct Cluster {
 
 impl Cluster {
     async fn start() -> Cluster {
+        Cluster::start_these(&[1, 2, 3]).await
+    }
+
+    /// Configures three brokers and starts those in `ids`, together.
+    async fn start_these(ids: &[i32]) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
         let peers: Vec<PeerSettings> = ports
@@ -74,9 +79,21 @@ impl Cluster {
                 ..BrokerConfig::default()
             })
             .collect();
+        // Started together: a broker on a new data directory waits for a peer to confirm that
+        // no cluster exists yet before it takes part.
+        let starting: Vec<_> = configs
+            .iter()
+            .map(|c| {
+                ids.contains(&c.node_id)
+                    .then(|| tokio::spawn(start_one(c.clone())))
+            })
+            .collect();
         let mut brokers = Vec::new();
-        for c in &configs {
-            brokers.push(Some(start_one(c.clone()).await));
+        for s in starting {
+            brokers.push(match s {
+                Some(s) => Some(s.await.unwrap()),
+                None => None,
+            });
         }
         Cluster {
             _dir: dir,
@@ -118,10 +135,7 @@ impl Cluster {
     /// The controller's id once one is elected and every live broker agrees.
     async fn controller(&self) -> i32 {
         self.until("a controller", |c| {
-            let ids: Vec<i32> = c
-                .live()
-                .map(|b| b.broker.cluster.as_ref().unwrap().controller())
-                .collect();
+            let ids: Vec<i32> = c.live().map(|b| b.broker.cluster.controller()).collect();
             (ids[0] >= 0 && ids.iter().all(|i| *i == ids[0])).then_some(ids[0])
         })
         .await
@@ -137,7 +151,7 @@ impl Cluster {
         self.until("a partition leader", |c| {
             let mut ids = Vec::new();
             for b in c.live() {
-                let cluster = b.broker.cluster.as_ref().unwrap();
+                let cluster = &b.broker.cluster;
                 let t = cluster.topic(topic)?;
                 ids.push(cluster.partition(&t, partition)?.leader().0);
             }
@@ -217,7 +231,7 @@ async fn the_controller_creates_topics_and_only_leaders_take_writes_and_serve_re
         .until("the topic on every broker", |c| {
             let seen: Vec<Vec<Vec<i32>>> = c
                 .live()
-                .filter_map(|b| b.broker.cluster.as_ref().unwrap().topic("orders"))
+                .filter_map(|b| b.broker.cluster.topic("orders"))
                 .map(|t| t.assignments.clone())
                 .collect();
             (seen.len() == 3 && seen.iter().all(|a| *a == seen[0])).then(|| seen[0].clone())
@@ -249,7 +263,7 @@ async fn the_controller_creates_topics_and_only_leaders_take_writes_and_serve_re
         .until("replicas to converge", |c| {
             c.live()
                 .all(|b| {
-                    let cl = b.broker.cluster.as_ref().unwrap();
+                    let cl = &b.broker.cluster;
                     let t = cl.topic("orders").unwrap();
                     cl.partition(&t, 0).unwrap().partition.high_watermark() == 8
                 })
@@ -291,7 +305,7 @@ async fn a_stopped_leader_and_coordinator_hand_over_every_acknowledged_record_an
     let coordinator = cluster
         .until("a coordinator", |c| {
             let b = c.live().next()?;
-            let id = b.broker.cluster.as_ref().unwrap().offsets.leader().0;
+            let id = b.broker.cluster.offsets.leader().0;
             (id > 0 && c.by_id(id).broker.groups.store().is_serving()).then_some(id)
         })
         .await;
@@ -341,7 +355,7 @@ async fn a_stopped_leader_and_coordinator_hand_over_every_acknowledged_record_an
     cluster.restart(leader).await;
     cluster
         .until("the restarted replica to catch up", |c| {
-            let cl = c.by_id(leader).broker.cluster.as_ref().unwrap();
+            let cl = &c.by_id(leader).broker.cluster;
             let t = cl.topic("jobs")?;
             (cl.partition(&t, 0)?.partition.high_watermark() == 42).then_some(())
         })
@@ -355,4 +369,56 @@ async fn commit(conn: &mut Connection, group: &str, topic: &str, offset: i64) ->
 async fn committed(conn: &mut Connection, group: &str, topic: &str) -> (i16, i64) {
     let (offset, _, code) = groups_common::fetch_offset(conn, group, topic, 0).await;
     (code, offset)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn brokers_of_a_new_cluster_start_in_any_order_and_a_broker_whose_disk_was_lost_is_refused() {
+    // Two of three form the cluster and take writes (a majority); the third comes later.
+    let mut c = Cluster::start_these(&[1, 2]).await;
+    let controller = c.controller().await;
+    let mut admin = c.by_id(controller).connect().await;
+    let topic = topic_name("late");
+    assert_eq!(create(&mut admin, &topic, 1).await, 0);
+    let leader = c.leader(&topic, 0).await;
+    let mut conn = c.by_id(leader).connect().await;
+    assert_eq!(produce(&mut conn, &topic, 0, 5).await.0, 0);
+    c.restart(3).await;
+    let registered = |c: &Cluster| {
+        let all: Vec<_> = c
+            .live()
+            .map(|b| b.broker.cluster.registered_brokers())
+            .collect();
+        (all.iter().all(|r| r.len() == 3) && all.windows(2).all(|w| w[0] == w[1]))
+            .then(|| all[0].clone())
+    };
+    let incarnations = c.until("three registered brokers", registered).await;
+    // The late broker catches up: it holds the five records.
+    let three = c.by_id(3);
+    c.until("broker 3 to hold the records", |c| {
+        let cluster = &c.by_id(3).broker.cluster;
+        let t = cluster.topic(&topic)?;
+        (cluster.partition(&t, 0)?.partition.high_watermark() >= 5).then_some(())
+    })
+    .await;
+    let dir3 = three.dir.clone();
+
+    // Broker 3's disk is lost: with an empty directory under its old id it is refused, and
+    // refused again on the next try (nothing it wrote makes it look like a member).
+    c.stop(3).await;
+    std::fs::remove_dir_all(&dir3).unwrap();
+    for attempt in 0..2 {
+        let refused = match kiln_broker::Broker::bind(c.configs[2].clone()).await {
+            Ok(_) => panic!("attempt {attempt}: a broker whose data is gone was let in"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(refused.contains("its data is gone"), "{refused}");
+        assert!(
+            refused.contains(&format!("{:016x}", incarnations[&3])),
+            "the refusal names the registered incarnation: {refused}"
+        );
+    }
+    // The other two still serve.
+    let leader = c.leader(&topic, 0).await;
+    let mut conn = c.by_id(leader).connect().await;
+    assert_eq!(produce(&mut conn, &topic, 0, 1).await.0, 0);
 }

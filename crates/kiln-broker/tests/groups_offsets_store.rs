@@ -1,251 +1,184 @@
-//! The committed-offsets store on its own: a property test of random commit sequences, resets,
-//! group deletions, reopens and compactions (committed offsets are monotonic except across
-//! resets; replay after reopen equals the in-memory state), and compaction interrupted at every
-//! step (the store reopens as the old log or the new one, never neither, never less).
+//! The committed-offsets table on its own, and through a broker restart.
+//!
+//! - A property test: random commits and group deletions, applied as commit batches in log
+//!   order, with snapshots restored into a fresh table at random points, always equal a plain
+//!   map of the latest values (what replay after a restart must rebuild).
+//! - Bad bytes in the log or in a snapshot are counted or refused, never a panic.
+//! - Through a broker: after many commits the table is snapshotted, a restart replays the
+//!   snapshot and the commits after it (not every commit), and answers every latest offset.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
-use std::path::Path;
+mod groups_common;
 
-use kiln_broker::groups::offsets::{
-    CommitKind, CommitOutcome, CommitRequest, CompactStep, OffsetsStore, StoreConfig,
-};
-use kiln_broker::groups::records::OffsetKey;
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use kiln_broker::groups::offsets::{encode_changes, OffsetsTable};
+use kiln_broker::groups::records::{Committed, OffsetKey};
+use kiln_raft::Table;
 use proptest::prelude::*;
 
-const GROUPS: [&str; 2] = ["burnin", "triage"];
+const GROUPS: [&str; 3] = ["burnin", "triage", "audit"];
 
 fn key(k: u8) -> OffsetKey {
     OffsetKey {
-        group: GROUPS[usize::from(k % 2)].to_string(),
-        topic: if k % 4 < 2 {
-            "kiln.nodes"
-        } else {
-            "kiln.nodes.dlq"
-        }
-        .to_string(),
-        partition: i32::from(k / 4),
+        group: GROUPS[usize::from(k % 3)].to_string(),
+        topic: format!("t{}", k % 2),
+        partition: i32::from(k % 5),
     }
 }
 
-fn open(dir: &Path) -> OffsetsStore {
-    OffsetsStore::open(dir, StoreConfig::default()).unwrap().0
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// Commits and waits until durable (as the OffsetCommit handler does before answering).
-fn commit(
-    rt: &tokio::runtime::Runtime,
-    store: &OffsetsStore,
-    k: u8,
-    offset: i64,
-    kind: CommitKind,
-) -> CommitOutcome {
-    let request = CommitRequest {
-        key: key(k),
+fn committed(offset: i64, metadata: Option<String>) -> Committed {
+    Committed {
         offset,
         leader_epoch: -1,
-        metadata: Some(format!("m{offset}")),
-        kind,
-    };
-    let (outcomes, ticket) = store.commit(&[request], 1_000).unwrap();
-    rt.block_on(store.wait(ticket)).unwrap();
-    outcomes[0]
-}
-
-fn state(store: &OffsetsStore) -> BTreeMap<OffsetKey, (i64, Option<String>)> {
-    store
-        .snapshot()
-        .into_iter()
-        .map(|(k, c)| (k, (c.offset, c.metadata)))
-        .collect()
+        metadata,
+        commit_time_ms: 1_700_000_000_000,
+        reset: false,
+    }
 }
 
 #[derive(Debug, Clone)]
 enum Op {
-    Member(u8, i64),
-    Reset(u8, i64),
+    /// One commit request: several keys at once.
+    Commit(Vec<(u8, i64, Option<String>)>),
     DeleteGroup(u8),
-    Reopen,
-    Compact,
-    CrashDuringCompaction(u8),
+    /// Snapshot the table and restore it into a fresh one (a restart, or a follower that
+    /// installs the leader's snapshot).
+    Restart,
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        8 => (0u8..16, 0i64..50).prop_map(|(k, o)| Op::Member(k, o)),
-        2 => (0u8..16, 0i64..50).prop_map(|(k, o)| Op::Reset(k, o)),
-        1 => (0u8..2).prop_map(Op::DeleteGroup),
-        1 => Just(Op::Reopen),
-        1 => Just(Op::Compact),
-        1 => (0u8..4).prop_map(Op::CrashDuringCompaction),
+        6 => prop::collection::vec(
+            (any::<u8>(), 0i64..1_000_000, prop::option::of("[a-z]{0,8}")),
+            1..6
+        )
+        .prop_map(Op::Commit),
+        1 => any::<u8>().prop_map(Op::DeleteGroup),
+        1 => Just(Op::Restart),
     ]
 }
 
+fn contents(table: &OffsetsTable) -> BTreeMap<OffsetKey, (i64, Option<String>)> {
+    table
+        .entries()
+        .into_iter()
+        .map(|(k, v)| (k, (v.offset, v.metadata)))
+        .collect()
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
     #[test]
-    fn committed_offsets_are_monotonic_except_across_resets(ops in proptest::collection::vec(op(), 1..40)) {
-        let rt = runtime();
-        let dir = tempfile::tempdir().unwrap();
-        let mut store = open(dir.path());
-        // The model: what must be committed, by key.
+    fn applying_commits_and_restoring_snapshots_equals_the_latest_values(ops in prop::collection::vec(op(), 1..60)) {
+        let mut table = OffsetsTable::default();
         let mut model: BTreeMap<OffsetKey, (i64, Option<String>)> = BTreeMap::new();
+        let mut index = 0u64;
         for op in ops {
-            let before = state(&store);
             match op {
-                Op::Member(k, offset) => {
-                    let outcome = commit(&rt, &store, k, offset, CommitKind::Member);
-                    match model.get(&key(k)) {
-                        Some((current, _)) if offset < *current => {
-                            prop_assert_eq!(outcome, CommitOutcome::KeptHigher { kept: *current });
-                        }
-                        _ => {
-                            prop_assert_eq!(outcome, CommitOutcome::Written);
-                            model.insert(key(k), (offset, Some(format!("m{offset}"))));
-                        }
+                Op::Commit(changes) => {
+                    let changes: Vec<_> = changes
+                        .into_iter()
+                        .map(|(k, o, m)| (key(k), Some(committed(o, m))))
+                        .collect();
+                    for (k, v) in &changes {
+                        let v = v.as_ref().unwrap();
+                        model.insert(k.clone(), (v.offset, v.metadata.clone()));
                     }
-                    // Invariant 4: a member commit never moves any offset backwards.
-                    let after = state(&store);
-                    for (k, (o, _)) in &before {
-                        let now = after.get(k).map(|(o, _)| *o);
-                        prop_assert!(now.is_some_and(|n| n >= *o), "{:?} moved from {} to {:?}", k, o, now);
-                    }
-                }
-                Op::Reset(k, offset) => {
-                    prop_assert_eq!(commit(&rt, &store, k, offset, CommitKind::Reset), CommitOutcome::Written);
-                    model.insert(key(k), (offset, Some(format!("m{offset}"))));
+                    let batch = encode_changes(&changes, 0).unwrap();
+                    index += 1;
+                    table.apply(index, 0, &batch);
                 }
                 Op::DeleteGroup(g) => {
-                    let group = GROUPS[usize::from(g)];
-                    if let Some(ticket) = store.delete_group(group, 1_000).unwrap() {
-                        rt.block_on(store.wait(ticket)).unwrap();
+                    let group = GROUPS[usize::from(g % 3)];
+                    let doomed: Vec<_> = model.keys().filter(|k| k.group == group).cloned().collect();
+                    if doomed.is_empty() {
+                        continue;
                     }
-                    model.retain(|k, _| k.group != group);
+                    let changes: Vec<_> = doomed.iter().map(|k| (k.clone(), None)).collect();
+                    for k in &doomed {
+                        model.remove(k);
+                    }
+                    index += 1;
+                    table.apply(index, 0, &encode_changes(&changes, 0).unwrap());
                 }
-                Op::Reopen => {
-                    let in_memory = state(&store);
-                    store.close();
-                    drop(store);
-                    store = open(dir.path());
-                    prop_assert_eq!(&state(&store), &in_memory, "replay differs from memory");
-                }
-                Op::Compact => {
-                    store.compact().unwrap();
-                    let (records, live, _) = store.stats();
-                    prop_assert_eq!(records, live, "a compacted log holds only live keys");
-                }
-                Op::CrashDuringCompaction(step) => {
-                    let step = [CompactStep::Written, CompactStep::Synced, CompactStep::PointerWritten, CompactStep::Switched][usize::from(step)];
-                    let _ = store.compact_stopping_at(step);
-                    drop(store);
-                    store = open(dir.path());
+                Op::Restart => {
+                    let snapshot = table.snapshot().unwrap();
+                    let fresh = OffsetsTable::default();
+                    fresh.restore(&snapshot).unwrap();
+                    table = fresh;
                 }
             }
-            prop_assert_eq!(&state(&store), &model);
+            prop_assert_eq!(&contents(&table), &model);
         }
-        store.close();
-        drop(store);
-        let store = open(dir.path());
-        prop_assert_eq!(&state(&store), &model, "final replay");
     }
 }
 
-/// Compaction bounds the log: many commits to few keys, then one compaction leaves one record
-/// per key, and a restart replays only those.
 #[test]
-fn compaction_bounds_what_a_restart_replays() {
-    let rt = runtime();
+fn bad_bytes_in_the_log_are_skipped_and_counted_and_a_bad_snapshot_is_refused() {
+    let table = OffsetsTable::default();
+    let good = encode_changes(&[(key(1), Some(committed(7, None)))], 0).unwrap();
+    table.apply(1, 0, &good);
+    table.apply(
+        2,
+        1,
+        &Bytes::from_static(b"this is not a record batch at all........"),
+    );
+    let (applied, keys, skipped) = table.stats();
+    assert_eq!((applied, keys), (1, 1));
+    assert!(skipped >= 1, "the bad entry is counted: {skipped}");
+    // Garbage as a snapshot is an error (the replica stops), and the table keeps what it had.
+    assert!(table
+        .restore(b"garbage garbage garbage garbage garbage garbage garbage")
+        .is_err());
+    assert_eq!(table.stats().1, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_replays_the_last_snapshot_and_answers_every_latest_offset() {
+    use groups_common::*;
     let dir = tempfile::tempdir().unwrap();
-    let config = StoreConfig {
-        compact_min_records: 100,
-        compact_ratio: 4,
-    };
-    let (store, _) = OffsetsStore::open(dir.path(), config.clone()).unwrap();
-    for round in 0..60i64 {
-        for k in 0..8u8 {
-            commit(&rt, &store, k, round, CommitKind::Member);
-        }
+    // A snapshot every 20 commit requests; 400 requests to 6 keys.
+    let tweak = |c: &mut kiln_broker::BrokerConfig| c.offsets_compact_min_records = 20;
+    let b = start(dir.path().to_path_buf(), tweak).await;
+    let mut conn = b.connect().await;
+    create_topic(&mut conn, "t", 3).await;
+    for p in 0..3 {
+        produce(&mut conn, "t", p, 500).await;
     }
-    assert!(store.needs_compaction());
-    let report = store.compact().unwrap().unwrap();
-    assert_eq!(
-        (report.records_before, report.live_keys, report.generation),
-        (480, 8, 1)
-    );
-    assert!(!store.needs_compaction());
-    let expected = state(&store);
-    // Commits after compaction go to the new log and survive too.
-    commit(&rt, &store, 0, 100, CommitKind::Member);
-    let expected_after = {
-        let mut e = expected.clone();
-        e.insert(key(0), (100, Some("m100".into())));
-        e
-    };
-    store.close();
-    drop(store);
-    let (store, report) = OffsetsStore::open(dir.path(), config).unwrap();
-    assert_eq!(report.records_replayed, 9, "8 live keys plus one commit");
-    assert_eq!(report.generation, 1);
-    assert_eq!(state(&store), expected_after);
-    let entries: Vec<String> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
+    for round in 1..=400i64 {
+        let p = (round % 3) as i32;
+        let group = if round % 2 == 0 { "a" } else { "b" };
+        let errors = commit(&mut conn, group, -1, "", &[("t", p, round, Some("m"))]).await;
+        assert_eq!(errors, vec![0], "round {round}");
+    }
+    drop(conn);
+    let dir_path = b.stop().await;
+    let b = start(dir_path, tweak).await;
+    let (records, keys, skipped) = b.broker.groups.store().stats();
+    assert_eq!((keys, skipped), (6, 0));
+    // The restored table (6 records) plus the commits after the last snapshot (fewer than 20
+    // requests, one record each), not all 400.
     assert!(
-        entries.contains(&"log-1".to_string()) && !entries.contains(&"log-0".to_string()),
-        "{entries:?}"
+        records < 6 + 20 + 5,
+        "a restart replays the table and what follows it, not every commit ({records} records)"
     );
-}
-
-/// Stopping compaction after each step and reopening gives back every committed offset: the old
-/// log before the CURRENT rename, the new one after it.
-#[test]
-fn compaction_interrupted_at_every_step_keeps_every_offset() {
-    let rt = runtime();
-    for step in [
-        CompactStep::Written,
-        CompactStep::Synced,
-        CompactStep::PointerWritten,
-        CompactStep::Switched,
+    let mut conn = b.connect().await;
+    for (group, p, last) in [
+        ("a", 0, 396),
+        ("a", 1, 400),
+        ("a", 2, 398),
+        ("b", 0, 399),
+        ("b", 1, 397),
+        ("b", 2, 395),
     ] {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open(dir.path());
-        for round in 0..20i64 {
-            for k in 0..6u8 {
-                commit(
-                    &rt,
-                    &store,
-                    k,
-                    round * 10 + i64::from(k),
-                    CommitKind::Member,
-                );
-            }
-        }
-        commit(&rt, &store, 3, 1, CommitKind::Reset);
-        let expected = state(&store);
-        let _ = store.compact_stopping_at(step);
-        drop(store);
-        let (store, report) = OffsetsStore::open(dir.path(), StoreConfig::default()).unwrap();
-        assert_eq!(state(&store), expected, "after stopping at {step:?}");
-        let generation = if step >= CompactStep::Switched { 1 } else { 0 };
-        assert_eq!(report.generation, generation, "{step:?}");
-        let logs: Vec<String> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("log-"))
-            .collect();
         assert_eq!(
-            logs,
-            vec![format!("log-{generation}")],
-            "leftovers removed after {step:?}"
+            fetch_offset(&mut conn, group, "t", p).await,
+            (last, Some("m".into()), 0),
+            "{group} t/{p}"
         );
     }
+    b.stop().await;
 }

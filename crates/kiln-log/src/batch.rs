@@ -217,7 +217,12 @@ impl BatchHeader {
         let raw = self.base_offset as u64;
         let kafka = (raw & STORED_OFFSET_MAX as u64) as i64;
         let check = (raw >> 48) as u16;
-        let want = stored_check(kafka, self.partition_leader_epoch as u32, self.batch_length, self.crc);
+        let want = stored_check(
+            kafka,
+            self.partition_leader_epoch as u32,
+            self.batch_length,
+            self.crc,
+        );
         if check != want {
             return Err(format!(
                 "bookkeeping check {check:#06x} does not match {want:#06x} (offset, term or entry flag damaged)"
@@ -622,7 +627,10 @@ mod tests {
         let mut b = raw_batch(10, 2);
         assert!(stamp_stored(&mut b, 12_345, 7 | ENTRY_END));
         let h = BatchHeader::parse(&b).unwrap().from_stored().unwrap();
-        assert_eq!((h.base_offset, h.stored_term(), h.ends_entry()), (12_345, 7, true));
+        assert_eq!(
+            (h.base_offset, h.stored_term(), h.ends_entry()),
+            (12_345, 7, true)
+        );
         verify_crc(&b, 0).unwrap();
         // Any flipped bit in the offset, the epoch field or the length is caught.
         for byte in 0..16 {
@@ -630,7 +638,10 @@ mod tests {
                 let mut bad = b.clone();
                 bad[byte] ^= 1 << bit;
                 let parsed = BatchHeader::parse(&bad).map(|h| h.from_stored());
-                assert!(!matches!(parsed, Ok(Ok(h)) if h == BatchHeader::parse(&b).unwrap().from_stored().unwrap()), "byte {byte} bit {bit}");
+                assert!(
+                    !matches!(parsed, Ok(Ok(h)) if h == BatchHeader::parse(&b).unwrap().from_stored().unwrap()),
+                    "byte {byte} bit {bit}"
+                );
                 if byte < 8 || (12..16).contains(&byte) {
                     assert!(matches!(parsed, Ok(Err(_))), "byte {byte} bit {bit}");
                 }
@@ -646,7 +657,10 @@ mod tests {
         verify_crc(&b, 0).unwrap();
         let h = BatchHeader::parse(&b).unwrap();
         assert!(h.is_control());
-        assert_eq!((h.base_offset, h.kafka_records(), h.record_count), (42, 0, 1));
+        assert_eq!(
+            (h.base_offset, h.kafka_records(), h.record_count),
+            (42, 0, 1)
+        );
         assert_eq!((h.stored_term(), h.ends_entry()), (7, true));
         let (kind, payload) = decode_control_batch(&b).unwrap();
         assert_eq!((kind, payload), (ControlKind::Membership, &b"voters"[..]));

@@ -109,13 +109,6 @@ impl FsFile for RealFile {
     }
 
     fn write_all_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
-        #[cfg(test)]
-        if let Some(keep) = fault::take_write_failure() {
-            // A disk that fills up part way through the write.
-            let part = buf.get(..keep.min(buf.len())).unwrap_or_default();
-            FileExt::write_all_at(self.file.as_ref(), part, pos)?;
-            return Err(io::Error::from(io::ErrorKind::StorageFull));
-        }
         FileExt::write_all_at(self.file.as_ref(), buf, pos)
     }
 
@@ -209,25 +202,6 @@ impl Fs for RealFs {
     }
 }
 
-/// Test-only fault injection for [`RealFs`]: the next write on this thread writes only part of
-/// its bytes and then fails with ENOSPC.
-#[cfg(test)]
-pub(crate) mod fault {
-    use std::cell::Cell;
-
-    thread_local! {
-        static FAIL_AFTER: Cell<Option<usize>> = const { Cell::new(None) };
-    }
-
-    pub fn fail_next_write_after(bytes: usize) {
-        FAIL_AFTER.with(|f| f.set(Some(bytes)));
-    }
-
-    pub(super) fn take_write_failure() -> Option<usize> {
-        FAIL_AFTER.with(|f| f.take())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -247,7 +221,10 @@ mod tests {
         assert_eq!(&buf, b"hello!");
         f.set_len(2).unwrap();
         assert_eq!(f.len().unwrap(), 2);
-        assert!(f.read_exact_at(&mut buf, 0).is_err(), "short read is an error");
+        assert!(
+            f.read_exact_at(&mut buf, 0).is_err(),
+            "short read is an error"
+        );
         let state = dir.path().join("state");
         write_atomic(&fs, &state, b"one").unwrap();
         write_atomic(&fs, &state, b"two").unwrap();

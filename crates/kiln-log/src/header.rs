@@ -84,8 +84,14 @@ impl Slot {
     }
 
     pub fn encode(&self) -> [u8; SLOT_LEN] {
-        debug_assert!(self.checkpoint.len <= self.synced.len, "checkpoint past synced");
-        debug_assert!(self.synced.len >= HEADER_LEN, "synced before the data start");
+        debug_assert!(
+            self.checkpoint.len <= self.synced.len,
+            "checkpoint past synced"
+        );
+        debug_assert!(
+            self.synced.len >= HEADER_LEN,
+            "synced before the data start"
+        );
         let mut b = [0u8; SLOT_LEN];
         let mut at = 0;
         let mut put = |bytes: &[u8]| {

@@ -82,10 +82,18 @@ pub struct StoredEntry {
 pub enum StoredBody {
     /// The batches as stored: offsets stamped, the epoch field holding the term and the
     /// entry-end flag.
-    Records { batches: Bytes, record_count: u32 },
+    Records {
+        batches: Bytes,
+        record_count: u32,
+    },
     /// [`ReadMode::Summary`] of a data entry.
-    Summary { record_count: u32 },
-    Control { kind: ControlKind, payload: Bytes },
+    Summary {
+        record_count: u32,
+    },
+    Control {
+        kind: ControlKind,
+        payload: Bytes,
+    },
 }
 
 impl StoredEntry {
@@ -468,7 +476,9 @@ impl Log {
                 )));
             }
             if e.kind() == std::io::ErrorKind::StorageFull {
-                return Err(LogError::DiskFull { path: seg.path.clone() });
+                return Err(LogError::DiskFull {
+                    path: seg.path.clone(),
+                });
             }
             return Err(LogError::io("write segment", &seg.path)(e));
         }
@@ -706,8 +716,14 @@ impl Log {
         };
         let mut d = lock(&self.inner.durable);
         let (claim, checkpoint, checkpoint_max_ts) = if d.segment == seg.base_index {
-            (min_mark(d.synced, cut), min_mark(d.checkpoint, cut), d.checkpoint_max_ts)
-        } else if seg.base_index < d.segment && !st.rolled.iter().any(|r| r.base_index == seg.base_index) {
+            (
+                min_mark(d.synced, cut),
+                min_mark(d.checkpoint, cut),
+                d.checkpoint_max_ts,
+            )
+        } else if seg.base_index < d.segment
+            && !st.rolled.iter().any(|r| r.base_index == seg.base_index)
+        {
             // A sealed segment: wholly synced, so the cut is.
             (cut, cut, seg.max_ts())
         } else {
@@ -879,11 +895,20 @@ impl Log {
     /// A read found damage: it is never served, and the next open CRC-checks every segment
     /// (and so cuts the damage and reports it, for the replica to be repaired).
     fn noticed(&self, e: LogError) -> LogError {
-        if let LogError::Corrupt { path, position, reason } = &e {
+        if let LogError::Corrupt {
+            path,
+            position,
+            reason,
+        } = &e
+        {
             tracing::error!(path = %path.display(), position, %reason, "damaged log data found on read; it is not served, and the next start checks every segment");
             let marker = self.inner.dir.join(crate::recovery::VERIFY_MARKER);
             if !self.inner.fs.exists(&marker) {
-                if let Err(w) = crate::fs::write_atomic(self.inner.fs.as_ref(), &marker, b"damage found on read\n") {
+                if let Err(w) = crate::fs::write_atomic(
+                    self.inner.fs.as_ref(),
+                    &marker,
+                    b"damage found on read\n",
+                ) {
                     tracing::warn!(error = %w, "could not leave the verify marker");
                 }
             }
@@ -942,7 +967,10 @@ impl Log {
             while index < to && index < end.next_index {
                 let entry = read_one_entry(&seg, &mut w, seg.base_index, mode)?;
                 if entry.index != index {
-                    return Err(seg.corrupt(w.pos, format!("found entry {} where {index} was expected", entry.index)));
+                    return Err(seg.corrupt(
+                        w.pos,
+                        format!("found entry {} where {index} was expected", entry.index),
+                    ));
                 }
                 bytes += match &entry.body {
                     StoredBody::Records { batches, .. } => batches.len(),
@@ -978,12 +1006,22 @@ impl Log {
     /// batch when one exists below `max_offset`), never at or past `max_offset` (the broker
     /// passes the high watermark), control batches left out. Every batch is CRC checked and its
     /// epoch field set to its term.
-    pub fn read(&self, offset: i64, max_bytes: usize, max_offset: i64) -> Result<ReadResult, LogError> {
+    pub fn read(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        max_offset: i64,
+    ) -> Result<ReadResult, LogError> {
         self.read_inner(offset, max_bytes, max_offset)
             .map_err(|e| self.noticed(e))
     }
 
-    fn read_inner(&self, offset: i64, max_bytes: usize, max_offset: i64) -> Result<ReadResult, LogError> {
+    fn read_inner(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        max_offset: i64,
+    ) -> Result<ReadResult, LogError> {
         let log_start = self.log_start_offset();
         let log_end = self.log_end_offset();
         let out_of_range = || LogError::OffsetOutOfRange {
@@ -1039,7 +1077,10 @@ impl Log {
                     break;
                 }
                 if b.header.base_offset != next && !out.is_empty() {
-                    return Err(seg.corrupt(b.pos, format!("batch has offset {}, expected {next}", b.header.base_offset)));
+                    return Err(seg.corrupt(
+                        b.pos,
+                        format!("batch has offset {}, expected {next}", b.header.base_offset),
+                    ));
                 }
                 let mut bytes = w.batch_bytes(&b)?;
                 let term = u32::try_from(b.header.stored_term()).unwrap_or(u32::MAX);
@@ -1061,9 +1102,14 @@ impl Log {
 
     /// The first data batch whose max timestamp is >= `ts_ms`, below Kafka offset `max_offset`
     /// (batch granularity; the broker refines to a record).
-    pub fn lookup_timestamp(&self, ts_ms: i64, max_offset: i64) -> Result<Option<TimestampLookup>, LogError> {
+    pub fn lookup_timestamp(
+        &self,
+        ts_ms: i64,
+        max_offset: i64,
+    ) -> Result<Option<TimestampLookup>, LogError> {
         let log_start = self.log_start_offset();
-        let segments: Vec<Arc<Segment>> = read_lock(&self.inner.segments).values().cloned().collect();
+        let segments: Vec<Arc<Segment>> =
+            read_lock(&self.inner.segments).values().cloned().collect();
         for seg in segments {
             if seg.max_ts() < ts_ms {
                 continue;
@@ -1106,7 +1152,8 @@ impl Log {
         retention_bytes: Option<u64>,
         max_index: u64,
     ) -> Option<(u64, i64)> {
-        let cutoff = retention_ms.map(|ms| now_ms.saturating_sub(i64::try_from(ms).unwrap_or(i64::MAX)));
+        let cutoff =
+            retention_ms.map(|ms| now_ms.saturating_sub(i64::try_from(ms).unwrap_or(i64::MAX)));
         let segments = self.segments();
         let mut total: u64 = segments.iter().map(|s| s.size_bytes).sum();
         let log_start = self.log_start_offset();
@@ -1138,7 +1185,8 @@ impl Log {
         };
         for seg in &rolled {
             for f in [&seg.file, seg.offsets.file(), seg.times.file()] {
-                f.sync_now().map_err(|e| self.poison(format!("fsync {}: {e}", f.describe())))?;
+                f.sync_now()
+                    .map_err(|e| self.poison(format!("fsync {}: {e}", f.describe())))?;
             }
             let end = seg.end();
             seg.write_slot(&Slot {
@@ -1151,14 +1199,17 @@ impl Log {
                 checkpoint_max_ts: seg.max_ts(),
                 sealed: true,
             })?;
-            seg.file.sync_now().map_err(|e| self.poison(format!("fsync {}: {e}", seg.path.display())))?;
+            seg.file
+                .sync_now()
+                .map_err(|e| self.poison(format!("fsync {}: {e}", seg.path.display())))?;
         }
         self.inner
             .fs
             .sync_dir(&self.inner.dir)
             .map_err(LogError::io("fsync directory", &self.inner.dir))?;
         for f in [&active.file, active.offsets.file(), active.times.file()] {
-            f.sync_now().map_err(|e| self.poison(format!("fsync {}: {e}", f.describe())))?;
+            f.sync_now()
+                .map_err(|e| self.poison(format!("fsync {}: {e}", f.describe())))?;
         }
         let end = active.end();
         let mut d = lock(&self.inner.durable);
@@ -1173,7 +1224,10 @@ impl Log {
             sealed: false,
         };
         active.write_slot(&slot)?;
-        active.file.sync_now().map_err(|e| self.poison(format!("fsync {}: {e}", active.path.display())))?;
+        active
+            .file
+            .sync_now()
+            .map_err(|e| self.poison(format!("fsync {}: {e}", active.path.display())))?;
         *d = Durable {
             segment: active.base_index,
             synced: end,
@@ -1193,7 +1247,8 @@ pub const HEADER_CLAIM_DELAY: Duration = Duration::from_millis(5);
 /// The stored bytes of `entry`, whose first record takes Kafka offset `kafka`, and the Kafka
 /// offsets it takes.
 fn stamp(entry: &NewEntry<'_>, kafka: i64, now_ms: i64) -> Result<(Vec<u8>, u64), LogError> {
-    let term = u32::try_from(entry.term).map_err(|_| LogError::OutOfOrder(format!("term {} too large", entry.term)))?;
+    let term = u32::try_from(entry.term)
+        .map_err(|_| LogError::OutOfOrder(format!("term {} too large", entry.term)))?;
     if kafka > batch::STORED_OFFSET_MAX {
         return Err(LogError::OutOfOrder(format!(
             "Kafka offset {kafka} is past the largest a log stores ({})",
@@ -1263,8 +1318,8 @@ fn read_one_entry(
                     return Err(seg.corrupt(b.pos, "a control batch must be a whole entry"));
                 }
                 let bytes = w.batch_bytes(&b)?;
-                let (kind, payload) =
-                    batch::decode_control_batch(&bytes).map_err(|e| seg.corrupt(b.pos, e.to_string()))?;
+                let (kind, payload) = batch::decode_control_batch(&bytes)
+                    .map_err(|e| seg.corrupt(b.pos, e.to_string()))?;
                 return Ok(StoredEntry {
                     index,
                     term: h.stored_term(),

@@ -45,7 +45,9 @@ impl PointBuilder {
         self.since_offset_point += len;
         seg.observe_ts(h.max_timestamp);
         if !h.is_control() {
-            let max = seg.time_index_max.load(std::sync::atomic::Ordering::Acquire);
+            let max = seg
+                .time_index_max
+                .load(std::sync::atomic::Ordering::Acquire);
             if h.max_timestamp > max {
                 seg.time_index_max
                     .store(h.max_timestamp, std::sync::atomic::Ordering::Release);

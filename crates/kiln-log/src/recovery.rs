@@ -104,7 +104,11 @@ pub(crate) fn recover(fs: &dyn Fs, dir: &Path, config: &LogConfig) -> Result<Rec
     let mut found = Vec::with_capacity(bases.len());
     for &base in &bases {
         let (seg, slot, file_len) = Segment::open(fs, dir, base)?;
-        found.push(Found { seg, slot, file_len });
+        found.push(Found {
+            seg,
+            slot,
+            file_len,
+        });
     }
     let mut kept: Vec<Segment> = Vec::new();
     let mut scanned_bytes = 0u64;
@@ -119,7 +123,11 @@ pub(crate) fn recover(fs: &dyn Fs, dir: &Path, config: &LogConfig) -> Result<Rec
     while let Some((i, f)) = iter.next() {
         let is_last = i + 1 == count;
         let prev_end = kept.last().map(Segment::end);
-        let Found { seg, slot, file_len } = f;
+        let Found {
+            seg,
+            slot,
+            file_len,
+        } = f;
         // Where this segment should start.
         if let Some(p) = prev_end {
             if seg.base_index > p.next_index {
@@ -134,7 +142,13 @@ pub(crate) fn recover(fs: &dyn Fs, dir: &Path, config: &LogConfig) -> Result<Rec
                     "segment starts at entry {} inside the previous one, which ends at {}",
                     seg.base_index, p.next_index
                 );
-                cut_bytes += cut_rest(fs, dir, seg, iter.by_ref().map(|(_, f)| f), &mut dir_changed)?;
+                cut_bytes += cut_rest(
+                    fs,
+                    dir,
+                    seg,
+                    iter.by_ref().map(|(_, f)| f),
+                    &mut dir_changed,
+                )?;
                 tail = damaged_or_torn(p, slot.map(|s| s.synced), HEADER_LEN, &reason, dir);
                 break;
             }
@@ -147,7 +161,13 @@ pub(crate) fn recover(fs: &dyn Fs, dir: &Path, config: &LogConfig) -> Result<Rec
                     "segment header says it starts at Kafka offset {} after term {}, the log before it ends at {} in term {}",
                     s.base_kafka, s.prev_term, p.next_kafka, p.last_term
                 );
-                cut_bytes += cut_rest(fs, dir, seg, iter.by_ref().map(|(_, f)| f), &mut dir_changed)?;
+                cut_bytes += cut_rest(
+                    fs,
+                    dir,
+                    seg,
+                    iter.by_ref().map(|(_, f)| f),
+                    &mut dir_changed,
+                )?;
                 tail = damaged_or_torn(p, Some(s.synced), HEADER_LEN, &reason, dir);
                 break;
             }
@@ -207,9 +227,14 @@ pub(crate) fn recover(fs: &dyn Fs, dir: &Path, config: &LogConfig) -> Result<Rec
             seg.set_end(trusted);
             seg.set_max_ts(trusted_max_ts);
             let last_ts = seg.times.last()?.map_or(i64::MIN, |p| p.ts);
-            seg.time_index_max.store(last_ts, std::sync::atomic::Ordering::Release);
+            seg.time_index_max
+                .store(last_ts, std::sync::atomic::Ordering::Release);
         }
-        if slot.is_some_and(|s| s.sealed) && !is_last && file_len > trusted.len && scan_from == trusted {
+        if slot.is_some_and(|s| s.sealed)
+            && !is_last
+            && file_len > trusted.len
+            && scan_from == trusted
+        {
             // Bytes after a seal were never part of the log.
             tracing::warn!(path = %seg.path.display(), extra = file_len - trusted.len, "cutting bytes past a sealed segment's end");
             seg.file
@@ -221,7 +246,10 @@ pub(crate) fn recover(fs: &dyn Fs, dir: &Path, config: &LogConfig) -> Result<Rec
         } else {
             file_len
         };
-        let sealed_whole = slot.is_some_and(|s| s.sealed) && scan_from == trusted && trusted.len == file_len && !is_last;
+        let sealed_whole = slot.is_some_and(|s| s.sealed)
+            && scan_from == trusted
+            && trusted.len == file_len
+            && !is_last;
         let scan = if sealed_whole {
             ScanEnd {
                 end: trusted,
@@ -240,7 +268,14 @@ pub(crate) fn recover(fs: &dyn Fs, dir: &Path, config: &LogConfig) -> Result<Rec
             seg.set_first_append_ms(first_batch_time(&seg, scan.end.len));
         }
         let damaged = scan.end.len < claim.len;
-        let Some((position, reason)) = scan.stop.clone().or_else(|| damaged.then(|| (scan.end.len, "the file ends before the synced length its header claims".to_string()))) else {
+        let Some((position, reason)) = scan.stop.clone().or_else(|| {
+            damaged.then(|| {
+                (
+                    scan.end.len,
+                    "the file ends before the synced length its header claims".to_string(),
+                )
+            })
+        }) else {
             kept.push(seg);
             continue;
         };
@@ -260,7 +295,11 @@ pub(crate) fn recover(fs: &dyn Fs, dir: &Path, config: &LogConfig) -> Result<Rec
             cut_bytes += segment::remove_files(fs, dir, base)?;
             dir_changed = true;
         }
-        if damaged || later_claims.iter().any(|c| c.next_index > scan.end.next_index) {
+        if damaged
+            || later_claims
+                .iter()
+                .any(|c| c.next_index > scan.end.next_index)
+        {
             let best = later_claims
                 .into_iter()
                 .chain(std::iter::once(claim))
@@ -312,7 +351,8 @@ pub(crate) fn recover(fs: &dyn Fs, dir: &Path, config: &LogConfig) -> Result<Rec
         dir_changed = true;
     }
     if dir_changed {
-        fs.sync_dir(dir).map_err(LogError::io("fsync directory", dir))?;
+        fs.sync_dir(dir)
+            .map_err(LogError::io("fsync directory", dir))?;
     }
     let last_index = kept.len() - 1;
     for (i, seg) in kept.iter().enumerate() {
@@ -411,7 +451,9 @@ fn first_batch_time(seg: &Segment, end: u64) -> i64 {
 /// drops points past it. If the check fails both indexes are rebuilt by hopping headers (no
 /// CRC: the data itself is trusted). False when even that fails: scan from the start.
 fn trust_prefix(seg: &Segment, trusted: Mark, interval: u64) -> Result<bool, LogError> {
-    let keep = seg.offsets.count_where(|p| u64::from(p.pos) < trusted.len)?;
+    let keep = seg
+        .offsets
+        .count_where(|p| u64::from(p.pos) < trusted.len)?;
     seg.offsets.truncate(keep)?;
     let rel = seg.rel_kafka(trusted.next_kafka).unwrap_or(u32::MAX);
     let keep = seg.times.count_where(|p| p.rel_kafka < rel)?;
@@ -429,7 +471,8 @@ fn trust_prefix(seg: &Segment, trusted: Mark, interval: u64) -> Result<bool, Log
     tracing::warn!(path = %seg.path.display(), "index files do not match the log; rebuilding them");
     seg.offsets.truncate(0)?;
     seg.times.truncate(0)?;
-    seg.time_index_max.store(i64::MIN, std::sync::atomic::Ordering::Release);
+    seg.time_index_max
+        .store(i64::MIN, std::sync::atomic::Ordering::Release);
     let mut points = PointBuilder::default();
     let mut w = seg.walker(HEADER_LEN, 0, true, trusted.len);
     while let Some(b) = w.next_header().ok().flatten() {
@@ -444,7 +487,13 @@ fn trust_prefix(seg: &Segment, trusted: Mark, interval: u64) -> Result<bool, Log
 }
 
 /// Whether hopping headers from `pos` ends exactly at `target`.
-fn hop_to(seg: &Segment, pos: u64, rel_index: u64, starts: bool, target: Mark) -> Result<bool, LogError> {
+fn hop_to(
+    seg: &Segment,
+    pos: u64,
+    rel_index: u64,
+    starts: bool,
+    target: Mark,
+) -> Result<bool, LogError> {
     let mut w = seg.walker(pos, rel_index, starts, target.len);
     let mut kafka = None;
     loop {
@@ -479,14 +528,25 @@ fn scan(seg: &Segment, from: Mark, file_len: u64, interval: u64) -> Result<ScanE
         };
         let h = b.header;
         if h.base_offset != expect_kafka {
-            break Some((b.pos, format!("batch has offset {}, expected {expect_kafka}", h.base_offset)));
+            break Some((
+                b.pos,
+                format!(
+                    "batch has offset {}, expected {expect_kafka}",
+                    h.base_offset
+                ),
+            ));
         }
         let t = h.stored_term();
         match open_entry {
             Some(entry_term) if t != entry_term => {
-                break Some((b.pos, format!("batch of term {t} inside an entry of term {entry_term}")))
+                break Some((
+                    b.pos,
+                    format!("batch of term {t} inside an entry of term {entry_term}"),
+                ))
             }
-            Some(_) if h.is_control() => break Some((b.pos, "a control batch inside a data entry".into())),
+            Some(_) if h.is_control() => {
+                break Some((b.pos, "a control batch inside a data entry".into()))
+            }
             None if t < term => {
                 break Some((b.pos, format!("entry of term {t} after term {term}")))
             }
@@ -543,7 +603,10 @@ fn scan(seg: &Segment, from: Mark, file_len: u64, interval: u64) -> Result<ScanE
 fn list_segments(fs: &dyn Fs, dir: &Path) -> Result<Vec<u64>, LogError> {
     let mut logs = std::collections::BTreeSet::new();
     let mut indexes = Vec::new();
-    for name in fs.list(dir).map_err(LogError::io("list log directory", dir))? {
+    for name in fs
+        .list(dir)
+        .map_err(LogError::io("list log directory", dir))?
+    {
         let Some((stem, ext)) = name.split_once('.') else {
             continue;
         };

@@ -108,7 +108,11 @@ impl Segment {
     }
 
     /// Opens an existing segment for recovery; its end is set by recovery.
-    pub fn open(fs: &dyn Fs, dir: &Path, base_index: u64) -> Result<(Segment, Option<Slot>, u64), LogError> {
+    pub fn open(
+        fs: &dyn Fs,
+        dir: &Path,
+        base_index: u64,
+    ) -> Result<(Segment, Option<Slot>, u64), LogError> {
         let path = log_path(dir, base_index);
         let (index_path, time_path) = index_paths(dir, base_index);
         let file = fs
@@ -121,7 +125,8 @@ impl Segment {
         let slot = header::read_best(&head);
         let offsets = IndexFile::open(fs, index_path)?;
         let times = IndexFile::open(fs, time_path)?;
-        let (base_kafka, prev_term, seq) = slot.map_or((0, 0, 1), |s| (s.base_kafka, s.prev_term, s.seq));
+        let (base_kafka, prev_term, seq) =
+            slot.map_or((0, 0, 1), |s| (s.base_kafka, s.prev_term, s.seq));
         let end = Mark {
             len: HEADER_LEN,
             next_index: base_index,
@@ -307,7 +312,12 @@ impl Segment {
                 .floor(|p| u64::from(p.rel_index) < rel && u64::from(p.pos) < end)?
         };
         let mut w = match point {
-            Some(p) => self.walker(u64::from(p.pos), u64::from(p.rel_index), p.starts_entry, end),
+            Some(p) => self.walker(
+                u64::from(p.pos),
+                u64::from(p.rel_index),
+                p.starts_entry,
+                end,
+            ),
             None => self.walker(HEADER_LEN, 0, true, end),
         };
         loop {
@@ -331,7 +341,12 @@ impl Segment {
             .offsets
             .floor(|p| p.rel_kafka <= rel && u64::from(p.pos) < end)?;
         let mut w = match point {
-            Some(p) => self.walker(u64::from(p.pos), u64::from(p.rel_index), p.starts_entry, end),
+            Some(p) => self.walker(
+                u64::from(p.pos),
+                u64::from(p.rel_index),
+                p.starts_entry,
+                end,
+            ),
             None => self.walker(HEADER_LEN, 0, true, end),
         };
         loop {
@@ -387,7 +402,9 @@ impl Walker<'_> {
             return Ok(None);
         }
         if self.pos + BATCH_HEADER_LEN as u64 > self.end {
-            return Err(self.seg.corrupt(self.pos, "batch header cut off by the end of data"));
+            return Err(self
+                .seg
+                .corrupt(self.pos, "batch header cut off by the end of data"));
         }
         let (pos, end) = (self.pos, self.end);
         let head = self.bytes(pos, BATCH_HEADER_LEN)?;
@@ -436,10 +453,7 @@ impl Walker<'_> {
 /// Removes the files of the segment at `base_index`; returns the log file's size.
 pub(crate) fn remove_files(fs: &dyn Fs, dir: &Path, base_index: u64) -> Result<u64, LogError> {
     let path = log_path(dir, base_index);
-    let size = fs
-        .open(&path, false)
-        .and_then(|f| f.len())
-        .unwrap_or(0);
+    let size = fs.open(&path, false).and_then(|f| f.len()).unwrap_or(0);
     let (index, time) = index_paths(dir, base_index);
     for p in [&path, &index, &time] {
         fs.remove_file(p)

@@ -46,7 +46,6 @@ struct FileState {
     current: Vec<u8>,
     /// Operations since the last sync, in order.
     pending: Vec<Op>,
-
 }
 
 fn apply(buf: &mut Vec<u8>, op: &Op) {
@@ -478,7 +477,10 @@ mod tests {
         fs.sync_dir(dir).unwrap();
         fs.remove_file(&dir.join("gone")).unwrap();
         let (fs2, _) = fs.crash(|_| 0);
-        assert!(fs2.exists(&dir.join("gone")), "an unsynced removal comes back");
+        assert!(
+            fs2.exists(&dir.join("gone")),
+            "an unsynced removal comes back"
+        );
         assert_eq!(fs2.durable_bytes(&dir.join("state")).unwrap(), b"v1");
         assert_eq!(fs2.list(dir).unwrap(), vec!["gone", "state"]);
     }

@@ -135,7 +135,11 @@ fn a_flipped_bit_or_a_short_sealed_segment_is_damage() {
         // Past the checkpoint (recovery trusts what lies before it; reads CRC-check that).
         assert!(fs.rot(&path, |b| b[len - 50] ^= 0x10));
         let (log, report) = open_sim(&fs, far_checkpoints);
-        assert!(matches!(report.tail, LogTail::Damaged(ref d) if d.first_lost_index == 3 && d.synced_through == Some(3)), "{:?}", report.tail);
+        assert!(
+            matches!(report.tail, LogTail::Damaged(ref d) if d.first_lost_index == 3 && d.synced_through == Some(3)),
+            "{:?}",
+            report.tail
+        );
         assert_eq!(log.tail().next_index, 3);
         // Before the checkpoint, a read finds it and refuses to serve it.
         drop(log);
@@ -152,8 +156,13 @@ fn a_flipped_bit_or_a_short_sealed_segment_is_damage() {
         assert!(fs.rot(&path, |b| b[HEADER_LEN as usize + 200] ^= 0x10));
         let (log, report) = open_sim(&fs, small_config());
         assert_eq!(report.tail, LogTail::Clean);
-        assert!(matches!(log.read(0, 1 << 20, i64::MAX), Err(kiln_log::LogError::Corrupt { .. })));
-        assert!(log.read_entries(0, 1, usize::MAX, kiln_log::ReadMode::Full).is_err());
+        assert!(matches!(
+            log.read(0, 1 << 20, i64::MAX),
+            Err(kiln_log::LogError::Corrupt { .. })
+        ));
+        assert!(log
+            .read_entries(0, 1, usize::MAX, kiln_log::ReadMode::Full)
+            .is_err());
     });
 }
 
@@ -178,7 +187,11 @@ fn a_torn_header_slot_falls_back_to_the_other() {
         assert!(fs.rot(&path, |b| b[newer + 40] ^= 1));
         let (log, report) = open_sim(&fs, small_config());
         assert_ne!(report.tail, LogTail::Torn);
-        assert!(!matches!(report.tail, LogTail::Damaged(_)), "the older slot claims less: {:?}", report.tail);
+        assert!(
+            !matches!(report.tail, LogTail::Damaged(_)),
+            "the older slot claims less: {:?}",
+            report.tail
+        );
         assert_eq!(entries(&log), all);
     });
 }

@@ -13,7 +13,11 @@ fn worked_example_from_the_docs() {
     let dir = tempfile::tempdir().unwrap();
     let (log, _) = open_real(dir.path(), small_config());
     // 0: membership, 1: blank (term 1), 2: 5 records, 3: 1 record, 4: blank (term 2), 5: 3.
-    append(&log, 0, &Spec::Control(ControlKind::Membership, b"m".to_vec()));
+    append(
+        &log,
+        0,
+        &Spec::Control(ControlKind::Membership, b"m".to_vec()),
+    );
     append(&log, 1, &Spec::Control(ControlKind::Blank, vec![]));
     append(&log, 1, &data(1, 5, b'a'));
     append(&log, 1, &data(1, 1, b'b'));
@@ -49,7 +53,10 @@ fn worked_example_from_the_docs() {
     assert_eq!(r.next_offset, 7, "at least one whole batch");
     assert_eq!(log.read(3, 1 << 20, 6).unwrap().next_offset, 6);
     assert_eq!(log.read(3, 1 << 20, 5).unwrap().next_offset, 5);
-    assert!(log.read(0, 1 << 20, 0).unwrap().records.is_empty(), "nothing below max_offset 0");
+    assert!(
+        log.read(0, 1 << 20, 0).unwrap().records.is_empty(),
+        "nothing below max_offset 0"
+    );
     // A follower that truncates from 4 reuses offset 6.
     log.truncate_from(4).unwrap();
     assert_eq!(log.tail().next_kafka, 6);
@@ -78,15 +85,26 @@ fn entries_are_read_whole_by_index_and_summaries_skip_the_bytes() {
     assert_eq!(all.len(), 40);
     assert!(log.segments().len() > 3, "small segments roll");
     for (i, e) in all.iter().enumerate() {
-        let StoredBody::Records { batches, record_count } = &e.body else {
+        let StoredBody::Records {
+            batches,
+            record_count,
+        } = &e.body
+        else {
             panic!("data entry expected");
         };
         assert_eq!(*record_count as usize, 2 * (1 + i % 3));
         assert_eq!(split_batches(batches).len(), 1 + i % 3);
     }
-    let some = log.read_entries(17, 23, usize::MAX, ReadMode::Summary).unwrap();
-    assert_eq!(some.iter().map(|e| e.index).collect::<Vec<_>>(), (17..23).collect::<Vec<_>>());
-    assert!(some.iter().all(|e| matches!(e.body, StoredBody::Summary { .. })));
+    let some = log
+        .read_entries(17, 23, usize::MAX, ReadMode::Summary)
+        .unwrap();
+    assert_eq!(
+        some.iter().map(|e| e.index).collect::<Vec<_>>(),
+        (17..23).collect::<Vec<_>>()
+    );
+    assert!(some
+        .iter()
+        .all(|e| matches!(e.body, StoredBody::Summary { .. })));
     assert_eq!(some[0].kafka_offset, all[17].kafka_offset);
     // A byte bound stops early, but never before one entry.
     assert_eq!(log.read_entries(5, 40, 0, ReadMode::Full).unwrap().len(), 1);
@@ -111,7 +129,12 @@ fn purge_drops_whole_segments_and_reset_starts_over() {
         Err(LogError::OffsetOutOfRange { .. })
     ));
     // Purging into the middle of a segment leaves it.
-    assert_eq!(log.purge_through(segs[3].base_index).unwrap().segments_deleted, 0);
+    assert_eq!(
+        log.purge_through(segs[3].base_index)
+            .unwrap()
+            .segments_deleted,
+        0
+    );
     log.reset(500, 10_000, 7).unwrap();
     assert_eq!(log.first(), (500, 7));
     assert_eq!(log.tail().next_kafka, 10_000);
@@ -134,12 +157,25 @@ fn retention_point_covers_old_closed_segments_only() {
     let segs = log.segments();
     let total: u64 = segs.iter().map(|s| s.size_bytes).sum();
     // Timestamps are 1000: a retention of 10 ms at time 2000 removes every closed segment.
-    let (index, kafka) = log.retention_point(2_000, Some(10), None, u64::MAX).unwrap();
+    let (index, kafka) = log
+        .retention_point(2_000, Some(10), None, u64::MAX)
+        .unwrap();
     let last_closed = segs.iter().rev().find(|s| !s.active).unwrap();
-    assert_eq!((index, kafka), (last_closed.next_index - 1, last_closed.next_kafka));
+    assert_eq!(
+        (index, kafka),
+        (last_closed.next_index - 1, last_closed.next_kafka)
+    );
     // ... but none whose entries are not yet committed.
-    assert_eq!(log.retention_point(2_000, Some(10), None, segs[0].next_index - 2), None);
-    assert_eq!(log.retention_point(2_000, Some(10), None, segs[0].next_index - 1).unwrap().0, segs[0].next_index - 1);
+    assert_eq!(
+        log.retention_point(2_000, Some(10), None, segs[0].next_index - 2),
+        None
+    );
+    assert_eq!(
+        log.retention_point(2_000, Some(10), None, segs[0].next_index - 1)
+            .unwrap()
+            .0,
+        segs[0].next_index - 1
+    );
     // By size: just enough oldest segments to get under the bound.
     let (index, _) = log
         .retention_point(0, None, Some(total - segs[0].size_bytes), u64::MAX)
@@ -159,13 +195,19 @@ fn out_of_order_appends_are_refused() {
         term: 2,
         body: kiln_log::EntryBody::Records(&body),
     };
-    assert!(matches!(log.append(&[bad_index], 0), Err(LogError::OutOfOrder(_))));
+    assert!(matches!(
+        log.append(&[bad_index], 0),
+        Err(LogError::OutOfOrder(_))
+    ));
     let old_term = kiln_log::NewEntry {
         index: 1,
         term: 1,
         body: kiln_log::EntryBody::Records(&body),
     };
-    assert!(matches!(log.append(&[old_term], 0), Err(LogError::OutOfOrder(_))));
+    assert!(matches!(
+        log.append(&[old_term], 0),
+        Err(LogError::OutOfOrder(_))
+    ));
     let garbage = kiln_log::NewEntry {
         index: 1,
         term: 2,

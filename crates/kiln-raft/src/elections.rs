@@ -36,7 +36,23 @@ pub(crate) async fn run(
         }
     }
     if elect_wanted {
+        lead_alone_at_once(&raft).await;
         break_split_votes(&raft, pause_max).await;
+    }
+}
+
+/// A group whose only voter is this replica stands at once on start instead of waiting out an
+/// election timeout: nobody else can lead it, and a broker of one should serve as soon as its
+/// logs are open.
+async fn lead_alone_at_once(raft: &Raft) {
+    let alone = {
+        let m = raft.metrics();
+        let m = m.borrow();
+        let voters: Vec<_> = m.membership_config.membership().voter_ids().collect();
+        voters == [m.id] && m.current_leader.is_none()
+    };
+    if alone {
+        let _ = raft.trigger().elect().await;
     }
 }
 

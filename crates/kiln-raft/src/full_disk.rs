@@ -226,7 +226,11 @@ mod tests {
     }
 
     /// A file holding "synced:" and the simulated file system behind it.
-    fn failing(error: i32, appends: usize, syncs: usize) -> (Arc<dyn FsFile>, Arc<dyn FsFile>, SimFs) {
+    fn failing(
+        error: i32,
+        appends: usize,
+        syncs: usize,
+    ) -> (Arc<dyn FsFile>, Arc<dyn FsFile>, SimFs) {
         let fs = SimFs::new(Duration::from_millis(1), SyncBehaviour::Honest);
         fs.create_dir_all(Path::new("/d")).unwrap();
         let inner = fs.open(Path::new("/d/f"), true).unwrap();

@@ -124,12 +124,6 @@ pub struct ReplicaHealth {
 }
 
 impl ReplicaHealth {
-    pub(crate) fn new(guard: Guard) -> ReplicaHealth {
-        let health = ReplicaHealth::default();
-        health.set_guard(guard);
-        health
-    }
-
     /// True while the replica must neither grant votes nor stand for election (see the
     /// module docs): a guard is set and the Raft metrics do not yet show it met.
     pub fn repairing(&self) -> bool {
@@ -158,11 +152,6 @@ impl ReplicaHealth {
 
     pub(crate) fn set_guard(&self, guard: Guard) {
         *self.inner.guard.lock().unwrap_or_else(|p| p.into_inner()) = guard;
-    }
-
-    /// True when the guard is set (whether or not it is met yet) and enforced.
-    pub(crate) fn guarded(&self) -> bool {
-        !self.inner.unenforced.load(Ordering::Relaxed) && !self.guard().is_clear()
     }
 
     pub(crate) fn set_enforced(&self, enforced: bool) {
@@ -325,7 +314,8 @@ mod tests {
     #[tokio::test]
     async fn a_repairing_replica_sends_no_vote_request_on_any_network() {
         let inner = Counting::default();
-        let health = ReplicaHealth::new(Guard::repair(10, Some(2)));
+        let health = ReplicaHealth::default();
+        health.set_guard(Guard::repair(10, Some(2)));
         let mut network = GuardedNetwork {
             inner: inner.clone(),
             health: health.clone(),

@@ -16,6 +16,7 @@
 //!   has fsynced), read below the high watermark, leader epoch, retention's command.
 //! * [`proposer`]: [`Proposer`], the leader's ordered, coalescing append queue.
 //! * [`payload`]: what an entry carries (records, or a command).
+//! * [`bootstrap`]: writing a single-replica group offline (taking in an older layout).
 //! * [`net`]: Raft RPCs between brokers over TCP: one listener per broker shared by every
 //!   group, a length-prefixed, CRC-checked binary frame per RPC.
 //! * [`rng`]: a random generator whose output does not change with dependency versions.
@@ -23,6 +24,7 @@
 //!
 //! docs/replication.md has the design.
 
+pub mod bootstrap;
 mod elections;
 mod full_disk;
 pub mod guard;

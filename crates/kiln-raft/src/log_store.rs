@@ -28,7 +28,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use kiln_log::fs::Fs;
-use kiln_log::{ControlKind, EntryBody, Log, LogError, NewEntry, ReadMode, StoredBody, StoredEntry};
+use kiln_log::{
+    ControlKind, EntryBody, Log, LogError, NewEntry, ReadMode, StoredBody, StoredEntry,
+};
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{
     AnyError, CommittedLeaderId, EntryPayload, LogState, OptionalSend, RaftLogReader,
@@ -108,7 +110,11 @@ impl Cache {
     }
 
     fn purge_through(&mut self, index: u64) {
-        while self.entries.front().is_some_and(|e| e.log_id.index <= index) {
+        while self
+            .entries
+            .front()
+            .is_some_and(|e| e.log_id.index <= index)
+        {
             if let Some(e) = self.entries.pop_front() {
                 self.bytes -= entry_bytes(&e);
             }
@@ -232,21 +238,27 @@ impl LogStore {
         fs.create_dir_all(dir)?;
         let (log, report) = Log::open(fs.clone(), dir, config).map_err(io::Error::other)?;
         let health = ReplicaHealth::default();
-        let (mut vote_file, vote_scan) = VoteFile::open(fs.as_ref(), &dir.join(VOTE_FILE), &health).await?;
+        let (mut vote_file, vote_scan) =
+            VoteFile::open(fs.as_ref(), &dir.join(VOTE_FILE), &health).await?;
         let persisted = vote_scan.state.unwrap_or_default();
         let mut guard = persisted.guard;
         let tail = log.tail();
         let vote_term = persisted.vote.map_or(0, |v| v.leader_id.term);
         if let kiln_log::LogTail::Damaged(d) = &report.tail {
             if repairable {
-                let until = d.synced_through.unwrap_or(d.first_lost_index).max(d.first_lost_index);
+                let until = d
+                    .synced_through
+                    .unwrap_or(d.first_lost_index)
+                    .max(d.first_lost_index);
                 guard = guard.merge(Guard::repair(until, d.synced_term.or(Some(vote_term))));
             } else {
                 tracing::error!(dir = %dir.display(), first_lost_index = d.first_lost_index, "a single replica lost synced entries: there is no peer to refill them from; they are gone");
             }
         }
         if vote_scan.report.latest_lost {
-            guard = guard.merge(Guard::vote_floor(vote_scan.highest_term.unwrap_or(0).max(tail.last_term)));
+            guard = guard.merge(Guard::vote_floor(
+                vote_scan.highest_term.unwrap_or(0).max(tail.last_term),
+            ));
         }
         // The log holds entries of a term the vote file does not reach: a vote record was lost
         // (entries of a term are accepted only after its vote is saved). The vote this replica
@@ -429,7 +441,11 @@ impl RaftLogReader<KilnRaft> for LogStore {
         self.read(start, end, usize::MAX)
     }
 
-    async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> Result<Vec<Entry>, StorageError> {
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry>, StorageError> {
         self.read(start, end, REPLICATION_READ_BYTES_MAX)
     }
 }
@@ -492,7 +508,11 @@ impl RaftLogStorage<KilnRaft> for LogStore {
         }))
     }
 
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<KilnRaft>) -> Result<(), StorageError>
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<KilnRaft>,
+    ) -> Result<(), StorageError>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -504,7 +524,8 @@ impl RaftLogStorage<KilnRaft> for LogStore {
         };
         // Encode first: what the log stores for each entry.
         let mut kafka = self.shared.log.tail().next_kafka;
-        let mut bodies: Vec<(u64, u64, Option<ControlKind>, Bytes)> = Vec::with_capacity(entries.len());
+        let mut bodies: Vec<(u64, u64, Option<ControlKind>, Bytes)> =
+            Vec::with_capacity(entries.len());
         for e in &entries {
             let (kind, bytes) = match &e.payload {
                 EntryPayload::Blank => (Some(ControlKind::Blank), Bytes::new()),
@@ -513,7 +534,9 @@ impl RaftLogStorage<KilnRaft> for LogStore {
                     encode_membership(m, &mut p);
                     (Some(ControlKind::Membership), Bytes::from(p))
                 }
-                EntryPayload::Normal(Payload::Command(c)) => (Some(ControlKind::Command), Bytes::from(c.encode())),
+                EntryPayload::Normal(Payload::Command(c)) => {
+                    (Some(ControlKind::Command), Bytes::from(c.encode()))
+                }
                 EntryPayload::Normal(Payload::Records {
                     batches,
                     record_count,
@@ -527,15 +550,24 @@ impl RaftLogStorage<KilnRaft> for LogStore {
                                 "entry {} was written at Kafka offset {k} by its leader, this log would put it at {kafka}",
                                 e.log_id.index
                             );
-                            return Err(StorageIOError::write_log_entry(e.log_id, io_err(Refused(why))).into());
+                            return Err(StorageIOError::write_log_entry(
+                                e.log_id,
+                                io_err(Refused(why)),
+                            )
+                            .into());
                         }
                     }
                     kafka += i64::from(*record_count);
                     (None, batches.clone())
                 }
                 EntryPayload::Normal(Payload::Summary { .. }) => {
-                    let why = format!("entry {} is a summary, which is never written", e.log_id.index);
-                    return Err(StorageIOError::write_log_entry(e.log_id, io_err(Refused(why))).into());
+                    let why = format!(
+                        "entry {} is a summary, which is never written",
+                        e.log_id.index
+                    );
+                    return Err(
+                        StorageIOError::write_log_entry(e.log_id, io_err(Refused(why))).into(),
+                    );
                 }
             };
             bodies.push((e.log_id.index, e.log_id.leader_id.term, kind, bytes));

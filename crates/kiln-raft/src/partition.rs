@@ -81,7 +81,11 @@ pub const ENTRY_BYTES_MAX: usize = 1 << 20;
 
 /// The production settings: [`raft_config`] with the timings above.
 pub fn production_config() -> Config {
-    let mut c = raft_config(HEARTBEAT_MS, ELECTION_TIMEOUT_MIN_MS, ELECTION_TIMEOUT_MAX_MS);
+    let mut c = raft_config(
+        HEARTBEAT_MS,
+        ELECTION_TIMEOUT_MIN_MS,
+        ELECTION_TIMEOUT_MAX_MS,
+    );
     c.max_payload_entries = PAYLOAD_ENTRIES_MAX;
     c
 }
@@ -125,7 +129,12 @@ pub struct StartOptions {
 impl StartOptions {
     /// A data partition's replica in `dir` with the default log settings, repairable from its
     /// peers, the guard enforced.
-    pub fn data(id: NodeId, config: Config, fs: Arc<dyn Fs>, dir: impl Into<PathBuf>) -> StartOptions {
+    pub fn data(
+        id: NodeId,
+        config: Config,
+        fs: Arc<dyn Fs>,
+        dir: impl Into<PathBuf>,
+    ) -> StartOptions {
         StartOptions {
             id,
             config,
@@ -155,7 +164,10 @@ pub struct ReplicatedPartition {
 impl ReplicatedPartition {
     /// Recovers the replica's files and starts its Raft node. If recovery found damage, the
     /// replica starts repairing ([`ReplicatedPartition::repairing`]).
-    pub async fn start<N>(opts: StartOptions, network: N) -> Result<(ReplicatedPartition, LogRecovery), PartitionError>
+    pub async fn start<N>(
+        opts: StartOptions,
+        network: N,
+    ) -> Result<(ReplicatedPartition, LogRecovery), PartitionError>
     where
         N: RaftNetworkFactory<KilnRaft>,
     {
@@ -174,15 +186,22 @@ impl ReplicatedPartition {
             // No election timer until the guard is met (openraft reads this at start).
             config.enable_elect = false;
         }
-        let state = StateMachine::open(store.clone(), opts.kind.clone(), opts.table_snapshot_every)?;
+        let state =
+            StateMachine::open(store.clone(), opts.kind.clone(), opts.table_snapshot_every)?;
         let network = GuardedNetwork {
             inner: network,
             health: health.clone(),
         };
         let core_store = store.with_mode(core_read_mode(&opts.kind));
-        let raft = Raft::new(opts.id, Arc::new(config), network, core_store, state.clone())
-            .await
-            .map_err(|e| PartitionError::Stopped(e.to_string()))?;
+        let raft = Raft::new(
+            opts.id,
+            Arc::new(config),
+            network,
+            core_store,
+            state.clone(),
+        )
+        .await
+        .map_err(|e| PartitionError::Stopped(e.to_string()))?;
         health.attach(raft.metrics());
         tokio::spawn(crate::elections::run(
             raft.clone(),
@@ -277,9 +296,11 @@ impl ReplicatedPartition {
                     leader_epoch: applied.leader_epoch,
                 })
             }
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(PartitionError::NotLeader {
-                leader: f.leader_id,
-            }),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(PartitionError::NotLeader {
+                    leader: f.leader_id,
+                })
+            }
             Err(e) => Err(PartitionError::Stopped(e.to_string())),
         }
     }
@@ -355,23 +376,35 @@ impl ReplicatedPartition {
     /// Everything this replica's log holds from `offset`, committed or not. Only the
     /// simulation's demonstration that the checker catches such a read uses it.
     #[doc(hidden)]
-    pub fn read_past_high_watermark(&self, offset: i64, max_bytes: usize) -> Result<ReadResult, PartitionError> {
+    pub fn read_past_high_watermark(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+    ) -> Result<ReadResult, PartitionError> {
         Ok(self.store.log().read(offset, max_bytes, i64::MAX)?)
     }
 
     /// The first batch whose max timestamp is at or after `ts_ms`, below the high watermark.
     pub fn lookup_timestamp(&self, ts_ms: i64) -> Result<Option<TimestampLookup>, PartitionError> {
-        Ok(self.store.log().lookup_timestamp(ts_ms, self.high_watermark())?)
+        Ok(self
+            .store
+            .log()
+            .lookup_timestamp(ts_ms, self.high_watermark())?)
     }
 
     /// Where retention would move the log start at `now_ms` (entries applied here only): the
     /// command to propose, if any.
-    pub fn retention_command(&self, now_ms: i64, retention_ms: Option<u64>, retention_bytes: Option<u64>) -> Option<Command> {
+    pub fn retention_command(
+        &self,
+        now_ms: i64,
+        retention_ms: Option<u64>,
+        retention_bytes: Option<u64>,
+    ) -> Option<Command> {
         let applied = self.applied_index()?;
-        let (index, kafka_offset) = self
-            .store
-            .log()
-            .retention_point(now_ms, retention_ms, retention_bytes, applied)?;
+        let (index, kafka_offset) =
+            self.store
+                .log()
+                .retention_point(now_ms, retention_ms, retention_bytes, applied)?;
         let term = self
             .store
             .log()

@@ -21,7 +21,10 @@ pub enum Payload {
     },
     /// A data entry without its bytes: what the Raft core of a data partition reads back to
     /// apply (it only counts records), so applying never reads record bytes from disk.
-    Summary { record_count: u32, kafka_offset: i64 },
+    Summary {
+        record_count: u32,
+        kafka_offset: i64,
+    },
     /// A request every replica applies at this point of the log.
     Command(Command),
 }

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::partition::{AppendAck, PartitionError};
-use crate::types::Raft;
 use crate::payload::{Command, Payload};
+use crate::types::Raft;
 
 /// Entries proposed and not yet committed, per partition. Two keep the leader's log busy
 /// (one being fsynced and replicated, the next one waiting) while the rest queue up here.
@@ -108,11 +108,7 @@ impl Proposer {
     }
 }
 
-async fn run(
-    raft: Raft,
-    mut rx: mpsc::UnboundedReceiver<Proposal>,
-    max_entry_bytes: usize,
-) {
+async fn run(raft: Raft, mut rx: mpsc::UnboundedReceiver<Proposal>, max_entry_bytes: usize) {
     let slots = Arc::new(Semaphore::new(ENTRIES_IN_FLIGHT));
     let mut held: Option<Proposal> = None;
     loop {
@@ -156,7 +152,11 @@ async fn run(
                 let mut joined = BytesMut::with_capacity(size);
                 let mut records = 0u32;
                 for p in &group {
-                    if let What::Records { batches, records: n } = &p.what {
+                    if let What::Records {
+                        batches,
+                        records: n,
+                    } = &p.what
+                    {
                         joined.extend_from_slice(batches);
                         records = records.saturating_add(*n);
                     }

@@ -85,7 +85,9 @@ pub(crate) fn encode_membership(m: &Membership<NodeId, openraft::EmptyNode>, p: 
     }
 }
 
-pub(crate) fn decode_membership(r: &mut Reader<'_>) -> Option<Membership<NodeId, openraft::EmptyNode>> {
+pub(crate) fn decode_membership(
+    r: &mut Reader<'_>,
+) -> Option<Membership<NodeId, openraft::EmptyNode>> {
     let n = r.u32()? as usize;
     if n > CONFIGS_MAX {
         return None;

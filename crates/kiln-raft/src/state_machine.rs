@@ -44,8 +44,9 @@ pub const TABLE_SNAPSHOT_EVERY_ENTRIES: u64 = 20_000;
 pub trait Table: Send + Sync + 'static {
     /// Applies the records of one committed entry (`batches` as stored: offsets stamped).
     fn apply(&self, index: u64, kafka_offset: i64, batches: &Bytes);
-    /// The whole table, for a snapshot.
-    fn snapshot(&self) -> Vec<u8>;
+    /// The whole table, for a snapshot. An error (a table that cannot write itself out)
+    /// stops the replica rather than write a snapshot that lacks part of it.
+    fn snapshot(&self) -> Result<Vec<u8>, String>;
     /// Replaces the table with a snapshot's. An error leaves the replica stopped.
     fn restore(&self, snapshot: &[u8]) -> Result<(), String>;
 }
@@ -88,7 +89,11 @@ const SNAPSHOT_TABLE: u8 = 2;
 
 fn encode_snapshot(kafka_offset: i64, table: Option<&[u8]>) -> Vec<u8> {
     let mut p = Vec::with_capacity(9 + table.map_or(0, <[u8]>::len));
-    p.push(if table.is_some() { SNAPSHOT_TABLE } else { SNAPSHOT_DATA });
+    p.push(if table.is_some() {
+        SNAPSHOT_TABLE
+    } else {
+        SNAPSHOT_DATA
+    });
     p.extend_from_slice(&kafka_offset.to_be_bytes());
     if let Some(t) = table {
         p.extend_from_slice(t);
@@ -111,7 +116,11 @@ impl StateMachine {
     /// Loads the `state` file beside the log and brings the log in line with it: entries the
     /// log start covers are purged (a crash may have come between saving it and purging), a log
     /// behind it starts over there, a table is restored.
-    pub fn open(store: LogStore, kind: GroupKind, table_snapshot_every: u64) -> std::io::Result<StateMachine> {
+    pub fn open(
+        store: LogStore,
+        kind: GroupKind,
+        table_snapshot_every: u64,
+    ) -> std::io::Result<StateMachine> {
         let shared = &store.shared;
         let mut state = GroupState::load(shared.fs.as_ref(), &shared.dir)?.unwrap_or_default();
         let log = &shared.log;
@@ -132,7 +141,8 @@ impl StateMachine {
                 // Damage cut the log below what was applied: apply again what comes back.
                 let kept = tail.next_index.checked_sub(1).filter(|&i| i + 1 > first);
                 tracing::warn!(dir = %shared.dir.display(), applied = a.index, log_end = tail.next_index, "the log ends before the applied position; applying again from the log's end");
-                state.applied = kept.map(|i| LogId::new(openraft::CommittedLeaderId::new(tail.last_term, 0), i));
+                state.applied = kept
+                    .map(|i| LogId::new(openraft::CommittedLeaderId::new(tail.last_term, 0), i));
             }
         }
         // What a snapshot covers is applied, whatever the log still holds.
@@ -145,7 +155,9 @@ impl StateMachine {
             table.restore(bytes).map_err(std::io::Error::other)?;
         }
         let next_kafka = match state.applied {
-            Some(a) if a.index + 1 >= first => log.kafka_after(a.index).map_err(std::io::Error::other)?,
+            Some(a) if a.index + 1 >= first => {
+                log.kafka_after(a.index).map_err(std::io::Error::other)?
+            }
             _ => log.log_start_offset(),
         };
         let (tx, _) = watch::channel(next_kafka);
@@ -193,9 +205,10 @@ impl StateMachine {
         let mut state = inner.state.clone();
         if let Some(a) = state.applied {
             if a.index >= durable.next_index {
-                state.applied = durable.next_index.checked_sub(1).map(|i| {
-                    LogId::new(openraft::CommittedLeaderId::new(durable.last_term, 0), i)
-                });
+                state.applied = durable
+                    .next_index
+                    .checked_sub(1)
+                    .map(|i| LogId::new(openraft::CommittedLeaderId::new(durable.last_term, 0), i));
             }
         }
         if let Some(ls) = state.log_start {
@@ -225,10 +238,18 @@ impl RaftSnapshotBuilder<KilnRaft> for StateMachine {
         let (last_log_id, data) = match &self.kind {
             GroupKind::Data => {
                 let kafka = inner.state.log_start.map_or(0, |l| l.kafka_offset);
-                (inner.state.log_start.map(|l| l.last_purged), encode_snapshot(kafka, None))
+                (
+                    inner.state.log_start.map(|l| l.last_purged),
+                    encode_snapshot(kafka, None),
+                )
             }
             GroupKind::Table(table) => {
-                let bytes = table.snapshot();
+                let bytes = table.snapshot().map_err(|e| {
+                    StorageIOError::write_snapshot(
+                        None,
+                        AnyError::error(format!("table snapshot: {e}")),
+                    )
+                })?;
                 let applied = inner.state.applied;
                 inner.state.table = Some(Bytes::from(bytes.clone()));
                 if let Some(a) = applied {
@@ -329,13 +350,22 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
                     let current = inner.state.log_start.map_or(i64::MIN, |l| l.kafka_offset);
                     if *kafka_offset > current && *kafka_offset <= base && *purge_index < index {
                         inner.state.log_start = Some(LogStart {
-                            last_purged: LogId::new(openraft::CommittedLeaderId::new(*purge_term, 0), *purge_index),
+                            last_purged: LogId::new(
+                                openraft::CommittedLeaderId::new(*purge_term, 0),
+                                *purge_index,
+                            ),
                             kafka_offset: *kafka_offset,
                         });
                         self.store.shared.log.advance_log_start(*kafka_offset);
                         must_save = true;
                     } else {
-                        tracing::warn!(index, kafka_offset, current, high_watermark = base, "ignoring a log start that does not move forward within the log");
+                        tracing::warn!(
+                            index,
+                            kafka_offset,
+                            current,
+                            high_watermark = base,
+                            "ignoring a log start that does not move forward within the log"
+                        );
                     }
                     0
                 }
@@ -355,8 +385,11 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
             });
         }
         let hw = inner.next_kafka;
-        let table_due = matches!(self.kind, GroupKind::Table(_)) && inner.since_save >= self.table_snapshot_every;
-        if must_save || (matches!(self.kind, GroupKind::Data) && inner.since_save >= SAVE_EVERY_ENTRIES) {
+        let table_due = matches!(self.kind, GroupKind::Table(_))
+            && inner.since_save >= self.table_snapshot_every;
+        if must_save
+            || (matches!(self.kind, GroupKind::Data) && inner.since_save >= SAVE_EVERY_ENTRIES)
+        {
             self.save(&mut inner)
                 .map_err(|e| StorageIOError::write_state_machine(AnyError::new(&e)))?;
         }
@@ -382,8 +415,14 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let bytes = snapshot.into_inner();
-        let bad = |why: String| StorageError::from(StorageIOError::read_snapshot(Some(meta.signature()), sm_err(why)));
-        let (kafka, table_bytes) = decode_snapshot(&bytes).ok_or_else(|| bad("snapshot does not decode".into()))?;
+        let bad = |why: String| {
+            StorageError::from(StorageIOError::read_snapshot(
+                Some(meta.signature()),
+                sm_err(why),
+            ))
+        };
+        let (kafka, table_bytes) =
+            decode_snapshot(&bytes).ok_or_else(|| bad("snapshot does not decode".into()))?;
         let last = meta
             .last_log_id
             .ok_or_else(|| bad("snapshot without a last log id".into()))?;
@@ -407,11 +446,15 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
         inner
             .state
             .save(shared.fs.as_ref(), &shared.dir)
-            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), AnyError::new(&e)))?;
+            .map_err(|e| {
+                StorageIOError::write_snapshot(Some(meta.signature()), AnyError::new(&e))
+            })?;
         let log = &shared.log;
         if log.tail().next_index <= last.index {
             log.reset(last.index + 1, kafka, last.leader_id.term)
-                .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), AnyError::new(&e)))?;
+                .map_err(|e| {
+                    StorageIOError::write_snapshot(Some(meta.signature()), AnyError::new(&e))
+                })?;
         }
         log.advance_log_start(kafka);
         drop(inner);

@@ -14,17 +14,13 @@ use kiln_log::fs::{Fs, FsFile};
 
 use crate::full_disk::{append_durably, truncate_durably};
 use crate::guard::ReplicaHealth;
-use crate::record::{decode_state, encode_state_pair, VoteState, FRAME_HEADER, STATE_BYTES, VOTE_BYTES};
+use crate::record::{
+    decode_state, encode_state_pair, VoteState, FRAME_HEADER, STATE_BYTES, VOTE_BYTES,
+};
 use crate::types::Vote;
 
 /// Largest frame the scan accepts (a length field past it is damage, not a record).
 const MAX_RECORD_BYTES: usize = 1 << 10;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum DamageCause {
-    Length,
-    Checksum,
-}
 
 /// What the scan of the `vote` file found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -41,33 +37,14 @@ pub struct VoteRecovery {
     pub latest_lost: bool,
 }
 
-enum Frame<'a> {
-    Whole {
-        payload: &'a [u8],
-        end: usize,
-    },
-    /// The header, or the payload its length field announces, runs past the end of the file.
-    Incomplete,
-    Bad(DamageCause),
-}
-
-fn parse_frame(buf: &[u8], at: usize) -> Frame<'_> {
+/// True when the frame header at `at`, or the payload its (plausible) length field announces,
+/// runs past the end of the file.
+fn frame_incomplete(buf: &[u8], at: usize) -> bool {
     let Some(header) = buf.get(at..at + FRAME_HEADER) else {
-        return Frame::Incomplete;
+        return true;
     };
     let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
-    let crc = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
-    if len > MAX_RECORD_BYTES {
-        return Frame::Bad(DamageCause::Length);
-    }
-    let end = at + FRAME_HEADER + len;
-    let Some(payload) = buf.get(at + FRAME_HEADER..end) else {
-        return Frame::Incomplete;
-    };
-    if crc32c::crc32c(payload) != crc {
-        return Frame::Bad(DamageCause::Checksum);
-    }
-    Frame::Whole { payload, end }
+    len <= MAX_RECORD_BYTES && buf.len() < at + FRAME_HEADER + len
 }
 
 /// True when the bytes from `at` on are what a crash leaves of an unsynced write: zeros only
@@ -78,7 +55,7 @@ fn is_torn(buf: &[u8], at: usize) -> bool {
     if rest.iter().all(|&b| b == 0) {
         return true;
     }
-    if !matches!(parse_frame(buf, at), Frame::Incomplete) {
+    if !frame_incomplete(buf, at) {
         return false;
     }
     match (rest.get(4..8), rest.get(FRAME_HEADER..)) {
@@ -165,7 +142,6 @@ pub(crate) fn scan_vote(buf: &[u8]) -> VoteScan {
     }
 }
 
-
 /// The `vote` file and its length. Writers take it in turn (openraft's `save_vote` and the
 /// lifting of the guard), so a write cut back after a full disk never cuts another's record.
 pub(crate) struct VoteFile {
@@ -201,7 +177,11 @@ impl VoteFile {
     }
 
     /// Saves `state` (two copies, one write, one fsync), waiting out a full disk.
-    pub(crate) async fn save(&mut self, state: &VoteState, health: &ReplicaHealth) -> std::io::Result<()> {
+    pub(crate) async fn save(
+        &mut self,
+        state: &VoteState,
+        health: &ReplicaHealth,
+    ) -> std::io::Result<()> {
         let bytes = encode_state_pair(state);
         append_durably(&self.file, self.len, &bytes, health).await?;
         self.len += bytes.len() as u64;
@@ -354,5 +334,4 @@ mod tests {
             (Some(12), Some(8))
         );
     }
-
 }

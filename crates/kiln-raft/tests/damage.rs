@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use kiln_raft::net::TcpNetwork;
 use kiln_log::LogTail;
+use kiln_raft::net::TcpNetwork;
 use kiln_raft::ReplicatedPartition;
 use openraft::error::RPCError;
 use openraft::network::RPCOption;
@@ -57,7 +57,13 @@ async fn a_damaged_replica_refuses_votes_until_its_peers_have_repaired_it() {
     let home = |id: u64| dir.path().join(format!("broker-{id}"));
     {
         let (mut listeners, peers) = listeners(Some(&peers)).await;
-        let first = start_broker(damaged_id, &home(damaged_id), listeners.remove(damaged_id as usize - 1), &peers).await;
+        let first = start_broker(
+            damaged_id,
+            &home(damaged_id),
+            listeners.remove(damaged_id as usize - 1),
+            &peers,
+        )
+        .await;
         assert!(!first.recovery.repairing());
         let mut offset = 0;
         let mut refused = false;
@@ -83,7 +89,10 @@ async fn a_damaged_replica_refuses_votes_until_its_peers_have_repaired_it() {
     let LogTail::Damaged(d) = &damaged.recovery.log.tail else {
         panic!("damage not detected: {:?}", damaged.recovery);
     };
-    assert!(d.synced_through.is_some_and(|s| s > d.first_lost_index), "{d:?}");
+    assert!(
+        d.synced_through.is_some_and(|s| s > d.first_lost_index),
+        "{d:?}"
+    );
     assert!(damaged.recovery.repairing());
     assert!(damaged.replica.repairing());
     // Nothing past the damage is served: what it serves is what its cut log still holds.

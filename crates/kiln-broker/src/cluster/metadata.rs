@@ -1,15 +1,19 @@
-//! The cluster metadata log: topic creations and deletions, one JSON record each, in the
-//! replicated `__cluster_metadata` group. Like KRaft, the metadata is itself a Kafka-format log:
-//! the controller (that group's leader) appends, every broker applies the committed records in
-//! order, so every broker ends up with the same topics and the same replica assignments.
+//! The cluster metadata log: the cluster id, topic creations and deletions, one JSON record
+//! each, in the replicated `__cluster_metadata` group. Like KRaft, the metadata is itself a
+//! Kafka-format log: the controller (that group's leader) appends, every broker applies the
+//! committed records in order to a [`MetadataTable`], so every broker ends up with the same
+//! topics and the same replica assignments. The table is the group's snapshot, so the log
+//! behind it is purged (docs/replication.md, "Compaction of internal logs").
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::records::{
     Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,6 +33,12 @@ pub enum Command {
     DeleteTopic {
         name: String,
         id: Uuid,
+    },
+    /// A broker's data-directory incarnation (`cluster/join.rs`); the first one applied for a
+    /// node id wins.
+    RegisterBroker {
+        node: i32,
+        incarnation: u64,
     },
 }
 
@@ -89,6 +99,149 @@ pub fn decode(mut batches: Bytes) -> Vec<(i64, Result<Command, String>)> {
     out
 }
 
+/// A topic as the metadata log defines it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopicRecord {
+    pub id: Uuid,
+    pub overrides: BTreeMap<String, String>,
+    pub assignments: Vec<Vec<i32>>,
+}
+
+/// What the metadata log says, as of some applied position.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetadataState {
+    pub cluster_id: Option<String>,
+    pub topics: BTreeMap<String, TopicRecord>,
+    /// Each broker's registered data-directory incarnation, by node id.
+    #[serde(default)]
+    pub brokers: BTreeMap<i32, u64>,
+    /// The Kafka offset after the last applied record: the controller waits for its own
+    /// commands to pass it.
+    pub applied_offset: i64,
+}
+
+/// The metadata group's state machine table (see the module docs). Each applied change is
+/// published on a watch, which the broker's reconciler follows to open and stop replicas.
+pub struct MetadataTable {
+    state: Mutex<MetadataState>,
+    changes: watch::Sender<MetadataState>,
+    /// Records that did not parse (written by a newer version): logged and skipped.
+    skipped: Mutex<u64>,
+}
+
+impl Default for MetadataTable {
+    fn default() -> Self {
+        MetadataTable {
+            state: Mutex::new(MetadataState::default()),
+            changes: watch::channel(MetadataState::default()).0,
+            skipped: Mutex::new(0),
+        }
+    }
+}
+
+impl MetadataTable {
+    fn lock(&self) -> std::sync::MutexGuard<'_, MetadataState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn state(&self) -> MetadataState {
+        self.lock().clone()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<MetadataState> {
+        self.changes.subscribe()
+    }
+
+    fn publish(&self, state: &MetadataState) {
+        self.changes.send_replace(state.clone());
+    }
+}
+
+fn apply_command(state: &mut MetadataState, command: Command) {
+    match command {
+        Command::InitCluster { cluster_id } => {
+            if state.cluster_id.is_none() {
+                tracing::info!(%cluster_id, "cluster id");
+                state.cluster_id = Some(cluster_id);
+            }
+        }
+        Command::CreateTopic {
+            name,
+            id,
+            overrides,
+            assignments,
+        } => {
+            if state.topics.contains_key(&name) {
+                return;
+            }
+            state.topics.insert(
+                name,
+                TopicRecord {
+                    id,
+                    overrides,
+                    assignments,
+                },
+            );
+        }
+        Command::DeleteTopic { name, id } => {
+            if state.topics.get(&name).is_some_and(|t| t.id == id) {
+                state.topics.remove(&name);
+            }
+        }
+        Command::RegisterBroker { node, incarnation } => match state.brokers.get(&node) {
+            None => {
+                tracing::info!(
+                    node,
+                    incarnation = format!("{incarnation:016x}"),
+                    "broker registered"
+                );
+                state.brokers.insert(node, incarnation);
+            }
+            Some(&registered) if registered != incarnation => tracing::error!(
+                node,
+                registered = format!("{registered:016x}"),
+                offered = format!("{incarnation:016x}"),
+                "a broker offered a second incarnation for its node id; keeping the first"
+            ),
+            Some(_) => {}
+        },
+    }
+}
+
+impl kiln_raft::Table for MetadataTable {
+    fn apply(&self, _index: u64, kafka_offset: i64, batches: &Bytes) {
+        let mut state = self.lock();
+        let mut end = kafka_offset;
+        for (_, parsed) in decode(batches.clone()) {
+            end += 1;
+            match parsed {
+                Ok(c) => apply_command(&mut state, c),
+                Err(e) => {
+                    *self.skipped.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+                    tracing::error!(error = %e, "skipping a metadata record that does not parse");
+                }
+            }
+        }
+        state.applied_offset = state.applied_offset.max(end);
+        self.publish(&state);
+    }
+
+    fn snapshot(&self) -> Result<Vec<u8>, String> {
+        serde_json::to_vec(&*self.lock()).map_err(|e| e.to_string())
+    }
+
+    fn restore(&self, snapshot: &[u8]) -> Result<(), String> {
+        let restored: MetadataState = serde_json::from_slice(snapshot)
+            .map_err(|e| format!("metadata snapshot does not parse: {e}"))?;
+        let mut state = self.lock();
+        *state = restored;
+        self.publish(&state);
+        Ok(())
+    }
+}
+
 /// Replica assignment: partition `p` goes to `rf` consecutive brokers starting at
 /// `(p + rotation) % n` of the sorted ids, so replicas and preferred leaders are spread evenly
 /// and successive topics start on different brokers.
@@ -128,6 +281,66 @@ mod tests {
         assert_eq!(decoded.len(), 2);
         assert_eq!(decoded[0].1.as_ref().ok(), Some(&create));
         assert_eq!(decoded[1].1.as_ref().ok(), Some(&delete));
+    }
+
+    #[test]
+    fn the_table_applies_commands_and_survives_a_snapshot() {
+        use kiln_raft::Table;
+        let table = MetadataTable::default();
+        let id = Uuid::new_v4();
+        let mut joined = BytesMut::new();
+        for c in [
+            Command::InitCluster {
+                cluster_id: "c1".into(),
+            },
+            Command::InitCluster {
+                cluster_id: "c2".into(),
+            },
+            Command::CreateTopic {
+                name: "t".into(),
+                id,
+                overrides: BTreeMap::new(),
+                assignments: vec![vec![1]],
+            },
+            Command::RegisterBroker {
+                node: 2,
+                incarnation: 7,
+            },
+            Command::RegisterBroker {
+                node: 2,
+                incarnation: 8,
+            },
+        ] {
+            joined.extend_from_slice(&encode(&c, 0).expect("encode"));
+        }
+        table.apply(0, 0, &joined.freeze());
+        let state = table.state();
+        assert_eq!(
+            state.cluster_id.as_deref(),
+            Some("c1"),
+            "the first id applied wins"
+        );
+        assert_eq!(state.topics["t"].id, id);
+        assert_eq!(
+            state.brokers[&2], 7,
+            "the first incarnation registered wins"
+        );
+        assert_eq!(state.applied_offset, 5);
+        let snap = table.snapshot().expect("snapshot");
+        let other = MetadataTable::default();
+        other.restore(&snap).expect("restore");
+        assert_eq!(other.state(), state);
+        let delete = encode(
+            &Command::DeleteTopic {
+                name: "t".into(),
+                id,
+            },
+            0,
+        )
+        .expect("encode");
+        other.apply(1, 5, &delete);
+        assert!(other.state().topics.is_empty());
+        assert!(other.restore(b"not json").is_err());
     }
 
     #[test]

@@ -1,16 +1,20 @@
-//! Cluster mode: this broker is one of N, every partition is a Raft group of (up to) three
-//! replicas, and the topic list is itself a replicated log.
+//! The broker's topics and replicas. Every broker is one of a cluster: with a `[cluster]`
+//! section one of N peers, without one a cluster of one. Every partition is a Raft group
+//! (kiln-raft, on kiln-log segments), and so are the topic list and the consumer offsets.
 //!
-//! * `metadata`: the commands of the cluster metadata log and replica assignment.
-//! * `replica`: one local replica (files, Raft node, proposer).
+//! * `metadata`: the commands of the cluster metadata log, its table, replica assignment.
+//! * `replica`: one local replica (directory, Raft node, proposer).
 //!
-//! Three kinds of Raft group run on every broker, all over one Raft listener
-//! (`kiln_raft::net`): `__cluster_metadata/0` (the controller is its leader),
-//! `__consumer_offsets/0` (the group coordinator is its leader; groups::offsets writes through
-//! it) and `<topic id>/<partition>` for each partition this broker holds a replica of.
-//! docs/replication.md describes the whole.
+//! Three kinds of Raft group run on every broker, over one Raft listener (`kiln_raft::net`)
+//! when it has peers: `__cluster_metadata/0` (the controller is its leader; its table lists the
+//! topics), `__consumer_offsets/0` (the group coordinator is its leader; its table is the
+//! committed offsets) and `<topic id>/<partition>` for each partition this broker holds a
+//! replica of. A reconciler follows the metadata table and opens or stops replicas as topics
+//! come and go. docs/replication.md describes the whole.
 
+pub mod join;
 pub mod metadata;
+mod register;
 pub mod replica;
 
 use std::collections::{BTreeMap, HashMap};
@@ -19,26 +23,34 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
+use kiln_log::LogConfig;
 use kiln_raft::net::{PeerAddrs, RaftGroups};
+use kiln_raft::GroupKind;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use crate::catalog::PARTITIONS_PER_TOPIC_MAX;
 use crate::config::{split_host_port, ClusterSettings};
+use crate::groups::offsets::OffsetsTable;
 use crate::time::now_ms;
-use crate::topic_config::{self, TopicSettings};
+use crate::topic_config::{self, TopicSettings, PARTITIONS_PER_TOPIC_MAX};
 use crate::traffic::TopicTraffic;
 use crate::LogSettings;
-use metadata::Command;
+use metadata::{Command, MetadataState, MetadataTable};
 pub use replica::Replica;
 
 pub const METADATA_GROUP: &str = "__cluster_metadata/0";
 pub const OFFSETS_GROUP: &str = "__consumer_offsets/0";
-/// Bytes the metadata applier reads per step.
-const METADATA_READ_BYTES: usize = 4 << 20;
+/// The metadata group snapshots its table after this many commands.
+const METADATA_SNAPSHOT_EVERY: u64 = 1_000;
+/// Longest wait for a proposed topic change to be applied here.
+const PROPOSE_WAIT: Duration = Duration::from_secs(30);
+/// Longest wait, after a topic is created, for its local replicas to know their leaders.
+const LEADER_WAIT: Duration = Duration::from_secs(5);
+/// How often `wait_for_local_leaders` looks.
+const LEADER_POLL: Duration = Duration::from_millis(5);
 
-/// A topic as the metadata log defines it.
+/// A topic as the metadata log defines it, with this broker's replicas of it.
 pub struct ClusterTopic {
     pub name: String,
     pub id: Uuid,
@@ -99,14 +111,18 @@ pub struct Cluster {
     groups: RwLock<HashMap<String, Arc<Replica>>>,
     topics: RwLock<BTreeMap<String, Arc<ClusterTopic>>>,
     pub metadata: Arc<Replica>,
+    metadata_table: Arc<MetadataTable>,
     pub offsets: Arc<Replica>,
-    /// The metadata log offset applied so far (the controller waits for its own commands).
-    applied: watch::Sender<i64>,
+    /// The metadata log offset the reconciler has acted on (the controller waits for its own
+    /// commands to pass it).
+    reconciled: watch::Sender<i64>,
     /// One topic change at a time on the controller, so "exists?" and "propose" cannot race.
     controller_lock: tokio::sync::Mutex<()>,
-    /// The id every broker reports, from the metadata log.
-    cluster_id: RwLock<Option<String>>,
-    /// The Raft listener and the metadata appliers, stopped by `shutdown`.
+    /// Called with the cluster id once it is known (the broker persists it).
+    on_cluster_id: Box<dyn Fn(&str) + Send + Sync>,
+    /// Nodes whose registration this broker (as controller) is proposing.
+    registering: std::sync::Mutex<std::collections::BTreeSet<i32>>,
+    /// The Raft listener, the reconciler and the cluster-id task, stopped by `shutdown`.
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
@@ -135,19 +151,43 @@ impl RaftGroups for Groups {
     fn health(&self, group: &str) -> Option<kiln_raft::ReplicaHealth> {
         self.0.replica(group).map(|r| r.partition.health())
     }
+
+    fn hello(&self, from: &kiln_raft::net::Hello) -> kiln_raft::net::HelloAnswer {
+        self.0.answer_hello(from)
+    }
 }
 
 pub struct StartParams {
     pub node_id: i32,
     pub settings: ClusterSettings,
+    /// The bound Raft listener; `None` for a cluster of one (no peers to listen for).
+    pub raft_listener: Option<TcpListener>,
     pub data_dir: PathBuf,
     pub log_defaults: LogSettings,
     pub default_max_batch_bytes: usize,
+    /// The offsets group applies to this table (the broker's offsets store reads it).
+    pub offsets_table: Arc<OffsetsTable>,
+    pub offsets_snapshot_every: u64,
+    /// This broker's data-directory incarnation, registered in the metadata log.
+    pub incarnation: u64,
+    pub on_cluster_id: Box<dyn Fn(&str) + Send + Sync>,
+}
+
+/// The log settings of the internal groups: small segments, so snapshots purge their logs
+/// soon; no retention (their tables are compacted instead).
+fn internal_log_config() -> LogConfig {
+    LogConfig {
+        segment_bytes: 16 << 20,
+        retention_ms: None,
+        retention_bytes: None,
+        checkpoint_interval_bytes: 4 << 20,
+        ..LogConfig::default()
+    }
 }
 
 impl Cluster {
-    /// Binds the Raft listener, opens the metadata and offsets groups and starts applying the
-    /// metadata log. Topics appear as their creations are applied.
+    /// Binds the Raft listener (if the cluster has peers), opens the metadata and offsets
+    /// groups and starts the reconciler. Topics appear as their creations are applied.
     pub async fn start(p: StartParams) -> anyhow::Result<Arc<Cluster>> {
         let settings = p.settings;
         let mut brokers = Vec::new();
@@ -160,18 +200,20 @@ impl Cluster {
                 port,
             });
             let id = replica::node(peer.id).context("negative peer id")?;
-            raft_peers.insert(id, peer.raft.clone());
+            if !peer.raft.is_empty() {
+                raft_peers.insert(id, peer.raft.clone());
+            }
         }
         brokers.sort_by_key(|b| b.id);
         let raft_peers: PeerAddrs = Arc::new(raft_peers);
-        let listener = TcpListener::bind(settings.raft_listen)
-            .await
-            .with_context(|| format!("binding the Raft listener {}", settings.raft_listen))?;
+        let listener = p.raft_listener;
+        let raft_addr = listener.as_ref().and_then(|l| l.local_addr().ok());
         let replicas_dir = p.data_dir.join("replicas");
         let all: Vec<i32> = brokers.iter().map(|b| b.id).collect();
         // Prefer different brokers as controller and as group coordinator.
         let coordinator_first = rotate(&all, 1);
-        let open = |group: &str, dir: PathBuf, members: Vec<i32>| {
+        let metadata_table = Arc::new(MetadataTable::default());
+        let open = |group: &str, dir: PathBuf, members: Vec<i32>, kind: GroupKind, every: u64| {
             replica::open(replica::OpenParams {
                 node_id: p.node_id,
                 group: group.to_string(),
@@ -182,13 +224,17 @@ impl Cluster {
                 rpc_timeout: Duration::from_millis(settings.rpc_timeout_ms),
                 max_entry_bytes: settings.max_entry_bytes,
                 silence: silence(&settings),
+                log: internal_log_config(),
+                kind,
+                table_snapshot_every: every,
             })
         };
-        // Serve RPCs before the groups exist: peers retry "unknown group" until they do.
         let metadata = open(
             METADATA_GROUP,
             replicas_dir.join("__cluster_metadata"),
             all.clone(),
+            GroupKind::Table(metadata_table.clone()),
+            METADATA_SNAPSHOT_EVERY,
         )
         .await
         .context("opening the cluster metadata replica")?;
@@ -196,10 +242,11 @@ impl Cluster {
             OFFSETS_GROUP,
             replicas_dir.join("__consumer_offsets"),
             coordinator_first,
+            GroupKind::Table(p.offsets_table.clone()),
+            p.offsets_snapshot_every,
         )
         .await
         .context("opening the consumer offsets replica")?;
-        let (applied, _) = watch::channel(0);
         let cluster = Arc::new(Cluster {
             node_id: p.node_id,
             settings,
@@ -211,24 +258,32 @@ impl Cluster {
             groups: RwLock::new(HashMap::new()),
             topics: RwLock::new(BTreeMap::new()),
             metadata: metadata.clone(),
+            metadata_table,
             offsets: offsets.clone(),
-            applied,
+            reconciled: watch::channel(0).0,
             controller_lock: tokio::sync::Mutex::new(()),
-            cluster_id: RwLock::new(None),
+            on_cluster_id: p.on_cluster_id,
+            registering: std::sync::Mutex::new(Default::default()),
             tasks: std::sync::Mutex::new(Vec::new()),
         });
         cluster.insert_replica(metadata);
         cluster.insert_replica(offsets);
-        let tasks = vec![
-            tokio::spawn(kiln_raft::net::serve(
-                listener,
-                Arc::new(Groups(cluster.clone())),
-            )),
-            tokio::spawn(apply_metadata(cluster.clone())),
+        let mut tasks = vec![
+            tokio::spawn(reconcile(cluster.clone())),
             tokio::spawn(ensure_cluster_id(cluster.clone())),
         ];
+        if let Some(listener) = listener {
+            tasks.push(tokio::spawn(register::register_self(
+                cluster.clone(),
+                p.incarnation,
+            )));
+            tasks.push(tokio::spawn(kiln_raft::net::serve(
+                listener,
+                Arc::new(Groups(cluster.clone())),
+            )));
+        }
         *cluster.tasks.lock().unwrap_or_else(|e| e.into_inner()) = tasks;
-        tracing::info!(node_id = p.node_id, raft = %cluster.settings.raft_listen, peers = cluster.brokers.len(), "cluster mode: Raft listener up");
+        tracing::info!(node_id = p.node_id, raft = ?raft_addr, peers = cluster.brokers.len(), "cluster started");
         Ok(cluster)
     }
 
@@ -238,7 +293,19 @@ impl Cluster {
 
     /// The replicated cluster id, once applied.
     pub fn cluster_id(&self) -> Option<String> {
-        read(&self.cluster_id).clone()
+        self.metadata_table.state().cluster_id
+    }
+
+    /// True once the metadata table is applied and acted on through its high watermark and
+    /// every replica this broker holds knows its leader (what a broker of one waits for).
+    pub fn ready_alone(&self) -> bool {
+        let caught_up = *self.reconciled.borrow() >= self.metadata.partition.high_watermark();
+        caught_up && self.replicas().iter().all(|r| r.leader().0 >= 0)
+    }
+
+    /// Each broker's registered data-directory incarnation, by node id (`cluster/join.rs`).
+    pub fn registered_brokers(&self) -> BTreeMap<i32, u64> {
+        self.metadata_table.state().brokers
     }
 
     pub fn replica(&self, group: &str) -> Option<Arc<Replica>> {
@@ -294,7 +361,7 @@ impl Cluster {
             usize::from(replication_factor.unwrap_or(self.settings.default_replication_factor));
         if rf == 0 || rf > self.brokers.len() {
             return Err(ClusterError::InvalidReplicationFactor(format!(
-                "replication factor {rf} must be between 1 and the {} brokers of the cluster",
+                "replication factor {rf} must be between 1 and the {} broker(s) of the cluster",
                 self.brokers.len()
             )));
         }
@@ -304,21 +371,39 @@ impl Cluster {
         if !self.metadata.is_leader() {
             return Err(ClusterError::NotController(self.controller()));
         }
-        if self.topic(name).is_some() {
+        if self.topic(name).is_some() || self.metadata_table.state().topics.contains_key(name) {
             return Err(ClusterError::AlreadyExists(name.to_string()));
         }
         if validate_only {
             return Ok(());
         }
         let ids: Vec<i32> = self.brokers.iter().map(|b| b.id).collect();
-        let rotation = read(&self.topics).len();
+        let rotation = self.metadata_table.state().topics.len();
         let command = Command::CreateTopic {
             name: name.to_string(),
             id: Uuid::new_v4(),
             overrides,
             assignments: metadata::assign(&ids, partitions, rf, rotation),
         };
-        self.propose(&command).await
+        self.propose(&command).await?;
+        self.wait_for_local_leaders(name).await;
+        Ok(())
+    }
+
+    /// Waits (at most [`LEADER_WAIT`]) until every replica of `topic` this broker holds knows
+    /// its leader, so a client that produces right after CreateTopics (to a broker of one,
+    /// most often) is not first told NOT_LEADER. Other brokers' partitions elect on their own;
+    /// clients retry those.
+    async fn wait_for_local_leaders(&self, topic: &str) {
+        let deadline = tokio::time::Instant::now() + LEADER_WAIT;
+        while tokio::time::Instant::now() < deadline {
+            let Some(t) = self.topic(topic) else { return };
+            if t.replicas.iter().flatten().all(|r| r.leader().0 >= 0) {
+                return;
+            }
+            tokio::time::sleep(LEADER_POLL).await;
+        }
+        tracing::info!(%topic, "topic created; some of its partitions are still electing a leader");
     }
 
     /// Deletes a topic through the metadata log. Controller only.
@@ -327,22 +412,26 @@ impl Cluster {
         if !self.metadata.is_leader() {
             return Err(ClusterError::NotController(self.controller()));
         }
-        let topic = self
-            .topic(name)
+        let id = self
+            .metadata_table
+            .state()
+            .topics
+            .get(name)
+            .map(|t| t.id)
             .ok_or_else(|| ClusterError::NotFound(name.to_string()))?;
         let command = Command::DeleteTopic {
             name: name.to_string(),
-            id: topic.id,
+            id,
         };
         self.propose(&command).await
     }
 
-    /// Appends a command and waits until this broker has applied it.
+    /// Appends a command and waits until this broker has applied and acted on it.
     async fn propose(&self, command: &Command) -> Result<(), ClusterError> {
         let batch = metadata::encode(command, now_ms()).map_err(ClusterError::NotCommitted)?;
         let ack = self
             .metadata
-            .proposer
+            .proposer()
             .submit(batch)
             .await
             .map_err(|_| ClusterError::NotCommitted("the metadata replica stopped".into()))?
@@ -352,132 +441,133 @@ impl Cluster {
                 ),
                 other => ClusterError::NotCommitted(other.to_string()),
             })?;
-        let mut applied = self.applied.subscribe();
+        let mut reconciled = self.reconciled.subscribe();
         let wait = async {
-            applied
+            reconciled
                 .wait_for(|offset| *offset > ack.last_offset)
                 .await
                 .is_ok()
         };
-        match tokio::time::timeout(Duration::from_secs(30), wait).await {
+        match tokio::time::timeout(PROPOSE_WAIT, wait).await {
             Ok(true) => Ok(()),
             _ => Err(ClusterError::Timeout),
         }
     }
 
-    /// Applies committed metadata commands, in log order.
-    async fn apply(&self, commands: Vec<Command>) {
-        for command in commands {
-            match command {
-                Command::InitCluster { cluster_id } => {
-                    let mut current = write(&self.cluster_id);
-                    if current.is_none() {
-                        tracing::info!(%cluster_id, "cluster id");
-                        *current = Some(cluster_id);
-                    }
-                }
-                Command::CreateTopic {
-                    name,
-                    id,
-                    overrides,
-                    assignments,
-                } => {
-                    if self.topic(&name).is_some() {
-                        continue;
-                    }
-                    let settings = match topic_config::resolve(
-                        &self.log_defaults,
-                        self.default_max_batch_bytes,
-                        &overrides,
-                    ) {
-                        Ok(s) => s,
-                        Err(e) => {
-                            tracing::error!(topic = %name, error = %e, "topic settings no longer valid here; using the broker defaults");
-                            match topic_config::resolve(
-                                &self.log_defaults,
-                                self.default_max_batch_bytes,
-                                &BTreeMap::new(),
-                            ) {
-                                Ok(s) => s,
-                                Err(_) => continue,
-                            }
-                        }
-                    };
-                    let mut replicas = Vec::with_capacity(assignments.len());
-                    for (index, members) in assignments.iter().enumerate() {
-                        if !members.contains(&self.node_id) {
-                            replicas.push(None);
-                            continue;
-                        }
-                        let index = i32::try_from(index).unwrap_or(i32::MAX);
-                        let group = partition_group(id, index);
-                        let dir = self
-                            .replicas_dir
-                            .join(id.to_string())
-                            .join(index.to_string());
-                        let opened = replica::open(replica::OpenParams {
-                            node_id: self.node_id,
-                            group: group.clone(),
-                            dir,
-                            members: members.clone(),
-                            peers: self.raft_peers.clone(),
-                            config: raft_config(&self.settings),
-                            rpc_timeout: Duration::from_millis(self.settings.rpc_timeout_ms),
-                            max_entry_bytes: self.settings.max_entry_bytes,
-                            silence: silence(&self.settings),
-                        })
-                        .await;
-                        match opened {
-                            Ok(r) => {
-                                self.insert_replica(r.clone());
-                                replicas.push(Some(r));
-                            }
-                            Err(e) => {
-                                tracing::error!(topic = %name, partition = index, error = %e, "cannot open this broker's replica; it serves nothing for this partition");
-                                replicas.push(None);
-                            }
-                        }
-                    }
-                    tracing::info!(topic = %name, %id, partitions = assignments.len(), "topic created");
-                    write(&self.topics).insert(
-                        name.clone(),
-                        Arc::new(ClusterTopic {
-                            name,
-                            id,
-                            overrides,
-                            settings,
-                            assignments,
-                            replicas,
-                            traffic: TopicTraffic::default(),
-                        }),
-                    );
-                }
-                Command::DeleteTopic { name, id } => {
-                    let removed = {
-                        let mut topics = write(&self.topics);
-                        match topics.get(&name) {
-                            Some(t) if t.id == id => topics.remove(&name),
-                            _ => None,
-                        }
-                    };
-                    let Some(topic) = removed else { continue };
-                    for r in topic.replicas.iter().flatten() {
-                        write(&self.groups).remove(&r.group);
-                        r.partition.shutdown().await;
-                    }
-                    let dir = self.replicas_dir.join(id.to_string());
-                    if let Err(e) = tokio::fs::remove_dir_all(&dir).await {
-                        if e.kind() != std::io::ErrorKind::NotFound {
-                            tracing::warn!(topic = %name, dir = %dir.display(), error = %e, "could not remove a deleted topic's replicas");
-                        }
-                    }
-                    tracing::info!(topic = %name, %id, "topic deleted");
-                }
+    /// Opens the replicas of topics the metadata table has and this broker does not, and stops
+    /// those of topics it no longer has.
+    async fn reconcile_once(&self, state: &MetadataState) {
+        let current: Vec<(String, Uuid)> = read(&self.topics)
+            .values()
+            .map(|t| (t.name.clone(), t.id))
+            .collect();
+        for (name, id) in current {
+            if state.topics.get(&name).map(|t| t.id) != Some(id) {
+                self.stop_topic(&name, id).await;
+            }
+        }
+        for (name, record) in &state.topics {
+            if self.topic(name).is_none() {
+                self.open_topic(name, record).await;
             }
         }
     }
 
-    /// Stops the Raft listener and every Raft node (their logs stay on disk).
+    async fn open_topic(&self, name: &str, record: &metadata::TopicRecord) {
+        let settings = match topic_config::resolve(
+            &self.log_defaults,
+            self.default_max_batch_bytes,
+            &record.overrides,
+        ) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(topic = %name, error = %e, "topic settings no longer valid here; using the broker defaults");
+                match topic_config::resolve(
+                    &self.log_defaults,
+                    self.default_max_batch_bytes,
+                    &BTreeMap::new(),
+                ) {
+                    Ok(s) => s,
+                    Err(_) => return,
+                }
+            }
+        };
+        let mut replicas = Vec::with_capacity(record.assignments.len());
+        for (index, members) in record.assignments.iter().enumerate() {
+            if !members.contains(&self.node_id) {
+                replicas.push(None);
+                continue;
+            }
+            let index = i32::try_from(index).unwrap_or(i32::MAX);
+            let group = partition_group(record.id, index);
+            let dir = self
+                .replicas_dir
+                .join(record.id.to_string())
+                .join(index.to_string());
+            let opened = replica::open(replica::OpenParams {
+                node_id: self.node_id,
+                group: group.clone(),
+                dir,
+                members: members.clone(),
+                peers: self.raft_peers.clone(),
+                config: raft_config(&self.settings),
+                rpc_timeout: Duration::from_millis(self.settings.rpc_timeout_ms),
+                max_entry_bytes: self.settings.max_entry_bytes,
+                silence: silence(&self.settings),
+                log: settings.log.to_log_config(),
+                kind: GroupKind::Data,
+                table_snapshot_every: u64::MAX,
+            })
+            .await;
+            match opened {
+                Ok(r) => {
+                    self.insert_replica(r.clone());
+                    replicas.push(Some(r));
+                }
+                Err(e) => {
+                    tracing::error!(topic = %name, partition = index, error = %e, "cannot open this broker's replica; it serves nothing for this partition");
+                    replicas.push(None);
+                }
+            }
+        }
+        tracing::info!(topic = %name, id = %record.id, partitions = record.assignments.len(), "topic open");
+        write(&self.topics).insert(
+            name.to_string(),
+            Arc::new(ClusterTopic {
+                name: name.to_string(),
+                id: record.id,
+                overrides: record.overrides.clone(),
+                settings,
+                assignments: record.assignments.clone(),
+                replicas,
+                traffic: TopicTraffic::default(),
+            }),
+        );
+    }
+
+    async fn stop_topic(&self, name: &str, id: Uuid) {
+        let removed = {
+            let mut topics = write(&self.topics);
+            match topics.get(name) {
+                Some(t) if t.id == id => topics.remove(name),
+                _ => None,
+            }
+        };
+        let Some(topic) = removed else { return };
+        for r in topic.replicas.iter().flatten() {
+            write(&self.groups).remove(&r.group);
+            r.partition.shutdown().await;
+        }
+        let dir = self.replicas_dir.join(id.to_string());
+        if let Err(e) = tokio::fs::remove_dir_all(&dir).await {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(topic = %name, dir = %dir.display(), error = %e, "could not remove a deleted topic's replicas");
+            }
+        }
+        tracing::info!(topic = %name, %id, "topic deleted");
+    }
+
+    /// Stops the Raft listener and every Raft node (their logs stay on disk, closed cleanly).
     pub async fn shutdown(&self) {
         for task in self
             .tasks
@@ -517,15 +607,35 @@ fn raft_config(s: &ClusterSettings) -> openraft::Config {
     );
     // openraft gives each AppendEntries one heartbeat interval to complete, the follower's
     // fsync included: keep one message to a few entries of at most max_entry_bytes.
-    config.max_payload_entries = 4;
+    config.max_payload_entries = kiln_raft::partition::PAYLOAD_ENTRIES_MAX;
     config
 }
 
-/// The first controller names the cluster; until then brokers report their own ids.
+/// Follows the metadata table: opens and stops replicas, and reports the cluster id.
+async fn reconcile(cluster: Arc<Cluster>) {
+    let mut changes = cluster.metadata_table.subscribe();
+    let mut reported: Option<String> = None;
+    loop {
+        let state = changes.borrow_and_update().clone();
+        cluster.reconcile_once(&state).await;
+        if state.cluster_id.is_some() && state.cluster_id != reported {
+            if let Some(id) = &state.cluster_id {
+                (cluster.on_cluster_id)(id);
+            }
+            reported = state.cluster_id.clone();
+        }
+        cluster.reconciled.send_replace(state.applied_offset);
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The first controller names the cluster (unless it already has a name).
 async fn ensure_cluster_id(cluster: Arc<Cluster>) {
     while cluster.cluster_id().is_none() {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let caught_up = *cluster.applied.borrow() >= cluster.metadata.partition.high_watermark();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let caught_up = *cluster.reconciled.borrow() >= cluster.metadata.partition.high_watermark();
         if cluster.cluster_id().is_none() && caught_up && cluster.metadata.is_leader() {
             let command = Command::InitCluster {
                 cluster_id: format!("kiln-{}", Uuid::new_v4().simple()),
@@ -533,52 +643,6 @@ async fn ensure_cluster_id(cluster: Arc<Cluster>) {
             if let Err(e) = cluster.propose(&command).await {
                 tracing::debug!(error = %e, "naming the cluster failed; retrying");
             }
-        }
-    }
-}
-
-/// Follows the metadata group's high watermark and applies each new command.
-async fn apply_metadata(cluster: Arc<Cluster>) {
-    let mut high_watermark = cluster.metadata.partition.subscribe_high_watermark();
-    let mut next = 0i64;
-    loop {
-        let target = *high_watermark.borrow_and_update();
-        while next < target {
-            let batches = match cluster.metadata.partition.read(next, METADATA_READ_BYTES) {
-                Ok(b) => b,
-                Err(e) => {
-                    tracing::error!(offset = next, error = %e, "reading the metadata log failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    break;
-                }
-            };
-            if batches.is_empty() {
-                break;
-            }
-            let mut commands = Vec::new();
-            for batch in batches {
-                let end = match kiln_log::BatchHeader::parse(&batch.bytes) {
-                    Ok(h) => batch.base_offset + i64::from(h.record_count),
-                    Err(_) => batch.base_offset + 1,
-                };
-                for (offset, parsed) in metadata::decode(batch.bytes) {
-                    if offset >= 0 && offset < next {
-                        continue;
-                    }
-                    match parsed {
-                        Ok(c) => commands.push(c),
-                        Err(e) => {
-                            tracing::error!(offset, error = %e, "skipping a metadata record that does not parse")
-                        }
-                    }
-                }
-                next = next.max(end);
-            }
-            cluster.apply(commands).await;
-            cluster.applied.send_replace(next);
-        }
-        if high_watermark.changed().await.is_err() {
-            return;
         }
     }
 }

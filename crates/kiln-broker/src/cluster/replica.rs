@@ -1,14 +1,14 @@
-//! One local replica of a Raft group: its files, its Raft node and its proposer.
+//! One local replica of a Raft group: its log directory, its Raft node and its proposer.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use kiln_raft::disk::FileDisk;
+use kiln_log::fs::RealFs;
+use kiln_log::{LogConfig, LogTail};
 use kiln_raft::net::{PeerAddrs, TcpNetwork};
-use kiln_raft::recovery::LogTail;
-use kiln_raft::{NodeId, PartitionError, Proposer, ReplicatedPartition};
+use kiln_raft::{GroupKind, NodeId, PartitionError, Proposer, ReplicatedPartition, StartOptions};
 
 /// A replica hosted by this broker.
 pub struct Replica {
@@ -17,7 +17,6 @@ pub struct Replica {
     /// Broker ids holding a replica, the preferred leader first.
     pub members: Vec<i32>,
     pub partition: ReplicatedPartition,
-    pub proposer: Proposer,
     pub dir: PathBuf,
     /// This broker's id.
     pub node_id: i32,
@@ -31,6 +30,11 @@ pub struct Replica {
 }
 
 impl Replica {
+    /// The leader's ordered, coalescing append queue.
+    pub fn proposer(&self) -> &Proposer {
+        self.partition.proposer()
+    }
+
     /// Whether this replica is the group's leader now.
     pub fn is_leader(&self) -> bool {
         self.partition.leader_and_term().0 == node(self.node_id)
@@ -112,6 +116,10 @@ pub struct OpenParams {
     pub max_entry_bytes: usize,
     /// See [`Replica::leader`].
     pub silence: std::time::Duration,
+    pub log: LogConfig,
+    pub kind: GroupKind,
+    /// A table group snapshots after this many entries.
+    pub table_snapshot_every: u64,
 }
 
 /// Opens (recovering) or creates a replica, initializes a brand-new group with `members`, and
@@ -119,30 +127,34 @@ pub struct OpenParams {
 /// leaders over the brokers when a topic is created.
 pub async fn open(p: OpenParams) -> Result<Arc<Replica>, PartitionError> {
     let id = node(p.node_id).ok_or_else(|| PartitionError::Stopped("negative node id".into()))?;
-    std::fs::create_dir_all(&p.dir)?;
-    let log_disk = FileDisk::open(&p.dir.join("raft.log"))?;
-    let vote_disk = FileDisk::open(&p.dir.join("vote"))?;
     let network = TcpNetwork::new(p.group.clone(), p.peers, p.rpc_timeout);
-    let (partition, recovery) = ReplicatedPartition::start(
+    let opts = StartOptions {
         id,
-        p.config,
-        Arc::new(log_disk),
-        Arc::new(vote_disk),
-        network,
-    )
-    .await?;
-    match recovery.tail {
+        config: p.config,
+        fs: Arc::new(RealFs),
+        dir: p.dir.clone(),
+        log: p.log,
+        kind: p.kind,
+        // A single replica has nobody to be repaired from (see kiln_raft::LogStore::open).
+        repairable: p.members.len() > 1,
+        enforce_guard: true,
+        max_entry_bytes: p.max_entry_bytes,
+        table_snapshot_every: p.table_snapshot_every,
+    };
+    let (partition, recovery) = ReplicatedPartition::start(opts, network).await?;
+    match &recovery.log.tail {
         LogTail::Clean => {}
         LogTail::Torn => {
-            tracing::warn!(group = %p.group, cut_bytes = recovery.cut_bytes, "replica log had a torn tail (an unsynced write cut short); cut it")
+            tracing::warn!(group = %p.group, cut_bytes = recovery.log.cut_bytes, "replica log had a torn tail (an unsynced write cut short); cut it")
         }
-        // kiln-raft has logged the damage itself; this says what the broker does about it.
+        // kiln-log has logged the damage itself; this says what the broker does about it.
         LogTail::Damaged(_) => {
-            tracing::error!(group = %p.group, cut_bytes = recovery.cut_bytes, "replica log was damaged: the damaged part is cut and never served; the replica neither votes nor stands for election until its peers have refilled it")
+            tracing::error!(group = %p.group, cut_bytes = recovery.log.cut_bytes, "replica log was damaged: the damaged part is cut and never served; the replica neither votes nor stands for election until its peers have refilled it")
         }
     }
     // Damage can cut a log to nothing: such a replica is not pristine and must not initialize.
-    let pristine = recovery.entries == 0 && !recovery.repairing();
+    let pristine =
+        recovery.entries() == 0 && recovery.log.first_index == 0 && !recovery.repairing();
     if pristine {
         let members: BTreeSet<NodeId> = p.members.iter().filter_map(|m| node(*m)).collect();
         partition.initialize(members).await?;
@@ -153,19 +165,17 @@ pub async fn open(p: OpenParams) -> Result<Arc<Replica>, PartitionError> {
             }
         }
     }
-    let proposer = Proposer::start(partition.clone(), p.max_entry_bytes);
     let leader_changes = Arc::new(AtomicU64::new(0));
     tokio::spawn(count_leader_changes(
         p.group.clone(),
         partition.raft().metrics(),
         leader_changes.clone(),
     ));
-    tracing::info!(group = %p.group, entries = recovery.entries, members = ?p.members, "replica open");
+    tracing::info!(group = %p.group, entries = recovery.entries(), members = ?p.members, "replica open");
     Ok(Arc::new(Replica {
         group: p.group,
         members: p.members,
         partition,
-        proposer,
         dir: p.dir,
         node_id: p.node_id,
         leader_changes,

@@ -15,7 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kafka_protocol::records::RecordBatchDecoder;
-use kiln_log::{BatchHeader, PartitionLog};
+use kiln_log::BatchHeader;
+use kiln_raft::ReplicatedPartition;
 use tokio::time::Instant;
 
 use crate::cluster::Cluster;
@@ -47,22 +48,21 @@ pub struct PartitionLag {
     pub lost: bool,
 }
 
-/// Lag of every committed offset whose topic partition still exists.
+/// Lag of every committed offset whose topic partition still exists here, against this
+/// broker's replica (the leader's high watermark, or a follower's a moment behind it).
 pub fn compute(broker: &Broker) -> Vec<PartitionLag> {
     let now = now_ms();
-    if let Some(cluster) = &broker.cluster {
-        return compute_replicated(broker, cluster, now);
-    }
+    let cluster: &Cluster = &broker.cluster;
     let mut out = Vec::new();
     for (key, committed) in broker.groups.store().snapshot() {
-        let Some(topic) = broker.catalog.get(&key.topic) else {
+        let Some(topic) = cluster.topic(&key.topic) else {
             continue;
         };
-        let Some(log) = topic.partition(key.partition) else {
+        let Some(replica) = cluster.partition(&topic, key.partition) else {
             continue;
         };
         out.push(partition_lag(
-            log,
+            &replica.partition,
             key.group,
             key.topic,
             key.partition,
@@ -75,55 +75,9 @@ pub fn compute(broker: &Broker) -> Vec<PartitionLag> {
     out
 }
 
-/// Cluster mode: lag against the high watermark of this broker's replica (the leader's, or a
-/// follower's a moment behind it). Replicated partitions are not aged out, so nothing is ever
-/// near retention or lost to it.
-fn compute_replicated(broker: &Broker, cluster: &Cluster, now: i64) -> Vec<PartitionLag> {
-    let mut out = Vec::new();
-    for (key, committed) in broker.groups.store().snapshot() {
-        let Some(topic) = cluster.topic(&key.topic) else {
-            continue;
-        };
-        let Some(replica) = cluster.partition(&topic, key.partition) else {
-            continue;
-        };
-        let high_watermark = replica.partition.high_watermark();
-        let committed_offset = committed.offset;
-        let first_unconsumed_ms = if committed_offset < high_watermark {
-            replica
-                .partition
-                .read(committed_offset.max(0), 1)
-                .ok()
-                .and_then(|b| b.into_iter().next())
-                .and_then(|b| BatchHeader::parse(&b.bytes).ok())
-                .map(|h| h.base_timestamp)
-                .filter(|ts| *ts >= 0)
-        } else {
-            None
-        };
-        let age_ms = first_unconsumed_ms.map(|ts| (now - ts).max(0));
-        out.push(PartitionLag {
-            group: key.group,
-            topic: key.topic,
-            partition: key.partition,
-            committed: committed_offset,
-            log_start: 0,
-            high_watermark,
-            lag_records: (high_watermark - committed_offset).max(0),
-            lag_seconds: age_ms.map_or(0.0, |a| a as f64 / 1000.0),
-            first_unconsumed_ms,
-            retention_ms: None,
-            retention_fraction: None,
-            time_left_ms: None,
-            lost: false,
-        });
-    }
-    out
-}
-
 #[allow(clippy::too_many_arguments)]
 fn partition_lag(
-    log: &PartitionLog,
+    log: &ReplicatedPartition,
     group: String,
     topic: String,
     partition: i32,
@@ -133,7 +87,7 @@ fn partition_lag(
     now: i64,
 ) -> PartitionLag {
     let log_start = log.log_start_offset();
-    let high_watermark = log.durable_offset();
+    let high_watermark = log.high_watermark();
     let lost = committed < log_start;
     let lag_records = (high_watermark - committed).max(0);
     let first_unread = committed.max(log_start);
@@ -185,8 +139,11 @@ fn partition_lag(
 /// The timestamp of the record at `offset`: exact for uncompressed batches, the batch's first
 /// timestamp for compressed ones (decompressing here would let one producer make the broker
 /// allocate without bound).
-fn record_timestamp(log: &PartitionLog, offset: i64, high_watermark: i64) -> Option<i64> {
-    let read = log.read(offset, 1, high_watermark).ok()?;
+fn record_timestamp(log: &ReplicatedPartition, offset: i64, high_watermark: i64) -> Option<i64> {
+    if offset >= high_watermark {
+        return None;
+    }
+    let read = log.read(offset, 1).ok()?;
     let header = BatchHeader::parse(&read.records).ok()?;
     let fallback = (header.base_timestamp >= 0).then_some(header.base_timestamp);
     if header.attributes & COMPRESSION_MASK != 0 {

@@ -1,95 +1,64 @@
-//! The committed-offsets store: an internal partition log, compacted by key, replayed into
-//! memory on start.
+//! The committed-offsets store: the table of the replicated `__consumer_offsets/0` group, and
+//! the coordinator's view of the commits it has in flight.
 //!
-//! Layout under `data_dir/internal/consumer-offsets/`:
-//! `CURRENT` names the live log generation N (one line, written to `CURRENT.tmp`, fsynced,
-//! renamed over `CURRENT`, directory fsynced); `log-N/` is a `kiln_log::PartitionLog` holding
-//! one RecordBatch v2 per commit request (key = group/topic/partition, value = offset,
-//! metadata, commit time; a null value deletes the key). Any other `log-*` directory is a
-//! leftover of an interrupted compaction and is removed on open.
+//! Every broker holds a replica of the group, and every replica applies each committed commit
+//! request to its [`OffsetsTable`] (kiln-raft calls it, in log order). The table is the group's
+//! snapshot: after `offsets_compact_min_records` commits it is written whole and the log behind
+//! it purged, so replaying after a restart costs what the table holds (one record per live
+//! (group, topic, partition) key), not every commit ever made.
 //!
-//! Two views are kept in memory. `latest` is what the log holds, including appends not yet
-//! fsynced: commits are checked against it. `applied` holds only what is durable: OffsetFetch
-//! reads it, so no client ever sees an offset a crash could take back. Appends are applied in
-//! log order once the durable offset covers them.
-//!
-//! Compaction writes the live set (`latest`) to `log-(N+1)`, fsyncs and closes it, then
-//! switches `CURRENT` with one atomic rename. A crash before the rename leaves generation N (which
-//! holds every acknowledged commit), after it generation N+1 (which holds the same): old or
-//! new, never neither.
+//! The coordinator (the group's leader) answers OffsetFetch from the table, which holds only
+//! what is committed: no client ever sees an offset a failover could take back. Commits are
+//! checked against `latest`, the table plus the commits in flight, so a member never moves an
+//! offset backwards even before its previous commit is answered. One commit request is one
+//! RecordBatch (key = group/topic/partition, value = offset, metadata, commit time; a null value
+//! deletes the key), written through the group's proposer and answered once committed.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::fs;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::records::{
     Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };
-use kiln_log::{BatchHeader, FlushPolicy, LogConfig, LogError, PartitionLog};
+use kiln_log::BatchHeader;
 
 use super::records::{self, Committed, OffsetKey};
 use crate::cluster::Replica;
 
-const CURRENT: &str = "CURRENT";
-const CURRENT_TMP: &str = "CURRENT.tmp";
-const LOG_PREFIX: &str = "log-";
-/// Records per batch when compaction rewrites the live set.
-const COMPACT_BATCH_RECORDS: usize = 1000;
+/// Records per batch when the table is written as a snapshot.
+const SNAPSHOT_BATCH_RECORDS: usize = 1000;
 /// Largest batch one commit request may write; larger requests are refused whole.
 pub const COMMIT_BATCH_BYTES_MAX: usize = 16 << 20;
-/// Bytes asked of the log per read during replay.
-const REPLAY_READ_BYTES: usize = 1 << 20;
+/// Longest wait for writes already in flight when a commit changes nothing.
+const IN_FLIGHT_WAIT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
-    /// Compact only once the log holds at least this many records...
-    pub compact_min_records: u64,
-    /// ...and at least this many times more records than live keys.
-    pub compact_ratio: u64,
+    /// The offsets group snapshots its table after this many applied commit requests.
+    pub snapshot_every: u64,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
         Self {
-            compact_min_records: 10_000,
-            compact_ratio: 4,
+            snapshot_every: 10_000,
         }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("offsets log: {0}")]
-    Log(#[from] LogError),
-    #[error("{op} {}: {source}", path.display())]
-    Io {
-        op: &'static str,
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{}: {reason}", path.display())]
-    BadState { path: PathBuf, reason: String },
     #[error("{0}")]
     Record(String),
     #[error("a commit of {0} bytes exceeds the {COMMIT_BATCH_BYTES_MAX}-byte limit of one commit")]
     TooLarge(usize),
-    /// Cluster mode: the replicated offsets group did not commit the write (this broker lost
-    /// its leadership, or the group stopped). The client retries at the new coordinator.
+    /// The replicated offsets group did not commit the write (this broker lost its leadership,
+    /// or the group stopped). The client retries at the new coordinator.
     #[error("not replicated: {0}")]
     NotReplicated(String),
-}
-
-fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
-    move |source| StoreError::Io {
-        op,
-        path: path.to_path_buf(),
-        source,
-    }
 }
 
 /// Who is committing, which decides whether the offset may move backwards.
@@ -120,165 +89,164 @@ pub enum CommitOutcome {
     },
 }
 
-/// Resolves (through [`OffsetsStore::wait`]) once a write is durable.
+/// Resolves (through [`OffsetsStore::wait`]) once a write is committed.
 pub struct Ticket(TicketKind);
 
 enum TicketKind {
-    /// Standalone: durable once the local log's durable offset reaches `end_offset`.
-    Local { log: PartitionLog, end_offset: i64 },
-    /// Cluster mode: durable once the replicated group has committed it.
+    /// Committed once the replicated group has committed it.
     Replicated {
         receiver: kiln_raft::proposer::AppendReceiver,
         seq: i64,
     },
-    /// Cluster mode, nothing new written: wait for the writes already in flight.
+    /// Nothing new written: wait for the writes already in flight.
     AfterSeq(i64),
-}
-
-#[derive(Debug, Clone)]
-pub struct OpenReport {
-    pub generation: u64,
-    pub records_replayed: u64,
-    pub records_skipped: u64,
-    pub live_keys: u64,
-    pub elapsed: Duration,
-}
-
-#[derive(Debug, Clone)]
-pub struct CompactReport {
-    pub generation: u64,
-    pub records_before: u64,
-    pub live_keys: u64,
-    pub elapsed: Duration,
-}
-
-/// Where [`OffsetsStore::compact_stopping_at`] stops, to test a crash at each step.
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum CompactStep {
-    /// The new log is written but not fsynced or closed.
-    Written,
-    /// The new log is fsynced and closed; `CURRENT` still names the old one.
-    Synced,
-    /// `CURRENT.tmp` names the new log; not yet renamed.
-    PointerWritten,
-    /// `CURRENT` names the new log; the old directory is still there.
-    Switched,
-    /// Done.
-    Finished,
 }
 
 type GroupOffsets = BTreeMap<(String, i32), Committed>;
 
-struct PendingWrite {
-    /// The write is durable once the log's durable offset reaches this.
-    end_offset: i64,
-    changes: Vec<(OffsetKey, Option<Committed>)>,
+#[derive(Default)]
+struct TableState {
+    applied: HashMap<String, GroupOffsets>,
+    records_applied: u64,
+    skipped: u64,
 }
 
-struct State {
-    log: PartitionLog,
-    generation: u64,
+/// The committed offsets, as applied from the replicated log (see the module docs).
+#[derive(Default)]
+pub struct OffsetsTable {
+    state: Mutex<TableState>,
+}
+
+impl OffsetsTable {
+    fn lock(&self) -> MutexGuard<'_, TableState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every committed offset, sorted by key.
+    pub fn entries(&self) -> Vec<(OffsetKey, Committed)> {
+        let st = self.lock();
+        let mut out = Vec::new();
+        for (group, offsets) in &st.applied {
+            for ((topic, partition), c) in offsets {
+                let key = OffsetKey {
+                    group: group.clone(),
+                    topic: topic.clone(),
+                    partition: *partition,
+                };
+                out.push((key, c.clone()));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// (records applied since start or the last restore, live keys, records skipped).
+    pub fn stats(&self) -> (u64, u64, u64) {
+        let st = self.lock();
+        (st.records_applied, count_keys(&st.applied), st.skipped)
+    }
+}
+
+impl kiln_raft::Table for OffsetsTable {
+    fn apply(&self, _index: u64, _kafka_offset: i64, batches: &Bytes) {
+        let mut st = self.lock();
+        let (applied, skipped) =
+            replay_batches(batches.clone(), |k, v| apply_change(&mut st.applied, k, v));
+        st.records_applied += applied;
+        st.skipped += skipped;
+    }
+
+    fn snapshot(&self) -> Result<Vec<u8>, String> {
+        let live: Vec<(OffsetKey, Option<Committed>)> = self
+            .entries()
+            .into_iter()
+            .map(|(k, v)| (k, Some(v)))
+            .collect();
+        let mut out = BytesMut::new();
+        for chunk in live.chunks(SNAPSHOT_BATCH_RECORDS) {
+            out.extend_from_slice(&encode_changes(chunk, 0).map_err(|e| e.to_string())?);
+        }
+        Ok(out.to_vec())
+    }
+
+    fn restore(&self, snapshot: &[u8]) -> Result<(), String> {
+        let mut map = HashMap::new();
+        let (applied, skipped) = replay_batches(Bytes::copy_from_slice(snapshot), |k, v| {
+            apply_change(&mut map, k, v)
+        });
+        if skipped > 0 {
+            return Err(format!("offsets snapshot: {skipped} records do not parse"));
+        }
+        let mut st = self.lock();
+        st.applied = map;
+        st.records_applied = applied;
+        Ok(())
+    }
+}
+
+/// The coordinator's view of what it has written.
+#[derive(Default)]
+struct Coordinating {
+    /// The table plus the writes in flight: commits are checked against it.
     latest: HashMap<String, GroupOffsets>,
-    applied: HashMap<String, GroupOffsets>,
-    pending: VecDeque<PendingWrite>,
-    /// Records in the current log (replayed plus appended): what compaction would drop.
-    records_in_log: u64,
-    /// Cluster mode: sequence number of the last write submitted (`PendingWrite::end_offset`
-    /// holds these instead of log offsets).
     next_seq: i64,
-    live_keys: u64,
 }
 
 pub struct OffsetsStore {
-    dir: PathBuf,
     config: StoreConfig,
-    state: Mutex<State>,
-    compacting: AtomicBool,
-    /// Cluster mode: commits are written through this replicated group instead of the local
-    /// log (which then stays empty), and the view is rebuilt from it on becoming coordinator.
-    replicated: Option<Arc<Replica>>,
-    /// Cluster mode: the sequence number of the last write known committed.
+    table: Arc<OffsetsTable>,
+    /// The offsets group's local replica: commits are written through its proposer.
+    replica: OnceLock<Arc<Replica>>,
+    state: Mutex<Coordinating>,
+    /// The sequence number of the last write known committed.
     committed_seq: tokio::sync::watch::Sender<i64>,
-    /// Cluster mode: the Raft term this broker coordinates in, once its view is rebuilt.
-    serving_term: std::sync::atomic::AtomicU64,
+    /// The Raft term this broker coordinates in, once its view is caught up.
+    serving_term: AtomicU64,
 }
 
 /// `serving_term` when this broker is not the coordinator.
 const NOT_SERVING: u64 = u64::MAX;
-/// Longest wait for writes already in flight when a commit changes nothing.
-const IN_FLIGHT_WAIT: Duration = Duration::from_secs(30);
 
-fn log_config() -> LogConfig {
-    LogConfig {
-        segment_bytes: 64 << 20,
-        // Time-based rolling would only add segments; compaction replaces the whole log.
-        segment_ms: u64::MAX / 2,
-        // Committed offsets are never aged out by time or size: only compaction rewrites them.
-        retention_ms: None,
-        retention_bytes: None,
-        index_interval_bytes: 4096,
-        flush: FlushPolicy::EveryBatch,
-        checkpoint_interval_bytes: 8 << 20,
-    }
-}
-
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
-    // The state is only changed by whole assignments under the lock; a panic elsewhere
-    // leaves it consistent.
+fn lock(m: &Mutex<Coordinating>) -> MutexGuard<'_, Coordinating> {
+    // Changed only by whole assignments under the lock; a panic elsewhere leaves it whole.
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn log_dir(dir: &Path, generation: u64) -> PathBuf {
-    dir.join(format!("{LOG_PREFIX}{generation}"))
-}
-
 impl OffsetsStore {
-    /// Opens (creating if needed) the store in `dir` and replays it into memory.
-    pub fn open(dir: &Path, config: StoreConfig) -> Result<(OffsetsStore, OpenReport), StoreError> {
-        let started = Instant::now();
-        fs::create_dir_all(dir).map_err(io("create", dir))?;
-        let current = read_current(dir)?;
-        let generation = current.unwrap_or(0);
-        remove_leftovers(dir, generation)?;
-        let (log, _) = PartitionLog::open(&log_dir(dir, generation), log_config())?;
-        if current.is_none() {
-            write_current(dir, generation)?;
-        }
-        let mut latest: HashMap<String, GroupOffsets> = HashMap::new();
-        let (replayed, skipped) = replay(&log, |key, value| apply_change(&mut latest, key, value))?;
-        let live_keys = count_keys(&latest);
-        let report = OpenReport {
-            generation,
-            records_replayed: replayed,
-            records_skipped: skipped,
-            live_keys,
-            elapsed: started.elapsed(),
-        };
-        let store = OffsetsStore {
-            dir: dir.to_path_buf(),
+    pub fn new(config: StoreConfig) -> OffsetsStore {
+        OffsetsStore {
             config,
-            state: Mutex::new(State {
-                log,
-                generation,
-                applied: latest.clone(),
-                latest,
-                pending: VecDeque::new(),
-                records_in_log: replayed + skipped,
-                next_seq: 0,
-                live_keys,
-            }),
-            compacting: AtomicBool::new(false),
-            replicated: None,
+            table: Arc::new(OffsetsTable::default()),
+            replica: OnceLock::new(),
+            state: Mutex::new(Coordinating::default()),
             committed_seq: tokio::sync::watch::channel(0).0,
-            serving_term: std::sync::atomic::AtomicU64::new(NOT_SERVING),
-        };
-        Ok((store, report))
+            serving_term: AtomicU64::new(NOT_SERVING),
+        }
+    }
+
+    /// The table the offsets group's state machine applies to.
+    pub fn table(&self) -> Arc<OffsetsTable> {
+        self.table.clone()
+    }
+
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+
+    /// Writes go through `replica` from now on. Call once, before serving.
+    pub fn set_replica(&self, replica: Arc<Replica>) {
+        if self.replica.set(replica).is_err() {
+            tracing::error!("the offsets replica was set twice; keeping the first");
+        }
+    }
+
+    pub fn replica(&self) -> Option<&Arc<Replica>> {
+        self.replica.get()
     }
 
     /// Appends one batch with every commit that changes something. Member commits never move an
     /// offset backwards: such a partition keeps its higher offset and reports `KeptHigher`.
-    /// The returned ticket resolves once everything appended so far is durable.
+    /// The returned ticket resolves once everything written so far is committed.
     pub fn commit(
         &self,
         requests: &[CommitRequest],
@@ -340,68 +308,39 @@ impl OffsetsStore {
 
     fn append_locked(
         &self,
-        st: &mut State,
+        st: &mut Coordinating,
         changes: Vec<(OffsetKey, Option<Committed>)>,
         now_ms: i64,
     ) -> Result<Ticket, StoreError> {
         if changes.is_empty() {
-            // Nothing new, but the caller's answer must not rest on a value not yet durable.
-            if self.replicated.is_some() {
-                return Ok(Ticket(TicketKind::AfterSeq(st.next_seq)));
-            }
-            return Ok(Ticket(TicketKind::Local {
-                log: st.log.clone(),
-                end_offset: st.log.log_end_offset(),
-            }));
+            // Nothing new, but the caller's answer must not rest on a value not yet committed.
+            return Ok(Ticket(TicketKind::AfterSeq(st.next_seq)));
         }
-        let batch = encode_batch(&changes, now_ms)?;
+        let batch = encode_changes(&changes, now_ms)?;
         if batch.len() > COMMIT_BATCH_BYTES_MAX {
             return Err(StoreError::TooLarge(batch.len()));
         }
-        if let Some(replica) = &self.replicated {
-            // Submitted under the state lock, so the group's log order is the order of `latest`.
-            let receiver = replica.proposer.submit(batch);
-            for (key, value) in &changes {
-                apply_change(&mut st.latest, key, value.as_ref());
-            }
-            st.records_in_log += changes.len() as u64;
-            st.live_keys = count_keys(&st.latest);
-            st.next_seq += 1;
-            let seq = st.next_seq;
-            st.pending.push_back(PendingWrite {
-                end_offset: seq,
-                changes,
-            });
-            return Ok(Ticket(TicketKind::Replicated { receiver, seq }));
-        }
-        let info = st.log.append(&batch, now_ms)?;
+        let Some(replica) = self.replica.get() else {
+            return Err(StoreError::NotReplicated(
+                "the offsets group is not open yet".into(),
+            ));
+        };
+        // Submitted under the state lock, so the group's log order is the order of `latest`.
+        let receiver = replica.proposer().submit(batch);
         for (key, value) in &changes {
             apply_change(&mut st.latest, key, value.as_ref());
         }
-        st.records_in_log += changes.len() as u64;
-        st.live_keys = count_keys(&st.latest);
-        let end_offset = info.last_offset + 1;
-        st.pending.push_back(PendingWrite {
-            end_offset,
-            changes,
-        });
-        Ok(Ticket(TicketKind::Local {
-            log: st.log.clone(),
-            end_offset,
-        }))
+        st.next_seq += 1;
+        let seq = st.next_seq;
+        Ok(Ticket(TicketKind::Replicated { receiver, seq }))
     }
 
-    /// Waits until the ticket's write is durable, then makes it visible to readers.
+    /// Waits until the ticket's write is committed (and so applied to the table).
     pub async fn wait(&self, ticket: Ticket) -> Result<(), StoreError> {
         match ticket.0 {
-            TicketKind::Local { log, end_offset } => {
-                log.wait_durable(end_offset).await?;
-                self.apply_durable();
-                Ok(())
-            }
             TicketKind::Replicated { receiver, seq } => match receiver.await {
                 Ok(Ok(_)) => {
-                    self.apply_committed_through(seq);
+                    self.committed_through(seq);
                     Ok(())
                 }
                 Ok(Err(e)) => Err(StoreError::NotReplicated(e.to_string())),
@@ -422,17 +361,8 @@ impl OffsetsStore {
         }
     }
 
-    /// Cluster mode: Raft commits in submission order, so every write up to `seq` is in.
-    fn apply_committed_through(&self, seq: i64) {
-        let mut st = lock(&self.state);
-        while st.pending.front().is_some_and(|p| p.end_offset <= seq) {
-            let Some(write) = st.pending.pop_front() else {
-                break;
-            };
-            for (key, value) in &write.changes {
-                apply_change(&mut st.applied, key, value.as_ref());
-            }
-        }
+    /// Raft commits in submission order, so every write up to `seq` is in.
+    fn committed_through(&self, seq: i64) {
         self.committed_seq.send_if_modified(|c| {
             let moved = seq > *c;
             *c = (*c).max(seq);
@@ -440,21 +370,12 @@ impl OffsetsStore {
         });
     }
 
-    /// Cluster mode: writes through `replica` from now on. Call before serving.
-    pub fn set_replicated(&mut self, replica: Arc<Replica>) {
-        self.replicated = Some(replica);
-    }
-
-    pub fn replicated(&self) -> Option<&Arc<Replica>> {
-        self.replicated.as_ref()
-    }
-
-    /// Cluster mode: whether this broker is the coordinator with a rebuilt view.
+    /// Whether this broker is the coordinator with a view that is caught up.
     pub fn is_serving(&self) -> bool {
-        self.replicated.is_none() || self.serving_term.load(Ordering::Acquire) != NOT_SERVING
+        self.serving_term.load(Ordering::Acquire) != NOT_SERVING
     }
 
-    /// Cluster mode: the term this broker coordinates in, if it does.
+    /// The term this broker coordinates in, if it does.
     pub fn serving_term(&self) -> Option<u64> {
         let term = self.serving_term.load(Ordering::Acquire);
         (term != NOT_SERVING).then_some(term)
@@ -464,56 +385,34 @@ impl OffsetsStore {
         self.serving_term.store(NOT_SERVING, Ordering::Release);
     }
 
-    /// Cluster mode: replaces the view with the replicated log's committed content (read by
-    /// the caller below the high watermark) and starts serving in `term`.
-    pub fn rebuild(&self, batches: Vec<Bytes>, term: u64) -> (u64, u64) {
-        let mut map: HashMap<String, GroupOffsets> = HashMap::new();
-        let (mut replayed, mut skipped) = (0u64, 0u64);
-        for batch in batches {
-            let (a, s) = replay_batches(batch, |k, v| apply_change(&mut map, k, v));
-            replayed += a;
-            skipped += s;
-        }
+    /// Starts serving in `term`, with the table (caught up by the caller: applied through the
+    /// term's first entry) as the coordinator's view.
+    pub fn start_serving(&self, term: u64) -> u64 {
+        let table = self.table.lock();
+        let keys = count_keys(&table.applied);
         let mut st = lock(&self.state);
-        st.pending.clear();
-        st.live_keys = count_keys(&map);
-        st.records_in_log = replayed + skipped;
-        st.applied = map.clone();
-        st.latest = map;
+        st.latest = table.applied.clone();
         // Tickets of the previous term resolve through their receivers; new ones count on.
         let seq = st.next_seq;
         drop(st);
+        drop(table);
         self.committed_seq.send_replace(seq);
         self.serving_term.store(term, Ordering::Release);
-        (replayed, skipped)
+        keys
     }
 
-    /// Moves every durable pending write into the readable view, in log order.
-    fn apply_durable(&self) {
-        let mut st = lock(&self.state);
-        let durable = st.log.durable_offset();
-        while st.pending.front().is_some_and(|p| p.end_offset <= durable) {
-            let Some(write) = st.pending.pop_front() else {
-                break;
-            };
-            for (key, value) in &write.changes {
-                apply_change(&mut st.applied, key, value.as_ref());
-            }
-        }
-    }
-
-    /// The durable committed offset for one partition.
     pub fn committed(&self, key: &OffsetKey) -> Option<Committed> {
-        lock(&self.state)
+        self.table
+            .lock()
             .applied
             .get(&key.group)
             .and_then(|g| g.get(&(key.topic.clone(), key.partition)))
             .cloned()
     }
 
-    /// Every durable committed offset of one group, by topic and partition.
     pub fn group_offsets(&self, group: &str) -> Vec<(String, i32, Committed)> {
-        lock(&self.state)
+        self.table
+            .lock()
             .applied
             .get(group)
             .map(|g| {
@@ -524,158 +423,33 @@ impl OffsetsStore {
             .unwrap_or_default()
     }
 
-    /// Groups that have at least one committed offset (written, durable or not).
     pub fn groups(&self) -> Vec<String> {
+        let table = self.table.lock();
         let st = lock(&self.state);
-        let mut names: Vec<String> = st.latest.keys().chain(st.applied.keys()).cloned().collect();
+        let mut names: Vec<String> = st
+            .latest
+            .keys()
+            .chain(table.applied.keys())
+            .cloned()
+            .collect();
         names.sort();
         names.dedup();
         names
     }
 
     pub fn has_group(&self, group: &str) -> bool {
+        let table = self.table.lock();
         let st = lock(&self.state);
-        st.latest.contains_key(group) || st.applied.contains_key(group)
+        st.latest.contains_key(group) || table.applied.contains_key(group)
     }
 
-    /// Every durable committed offset.
     pub fn snapshot(&self) -> Vec<(OffsetKey, Committed)> {
-        let st = lock(&self.state);
-        let mut out = Vec::with_capacity(st.live_keys as usize);
-        for (group, offsets) in &st.applied {
-            for ((topic, partition), c) in offsets {
-                out.push((
-                    OffsetKey {
-                        group: group.clone(),
-                        topic: topic.clone(),
-                        partition: *partition,
-                    },
-                    c.clone(),
-                ));
-            }
-        }
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        out
+        self.table.entries()
     }
 
-    /// (records in the log, live keys, generation).
+    /// (records applied since start or the last restore, live keys, records skipped).
     pub fn stats(&self) -> (u64, u64, u64) {
-        let st = lock(&self.state);
-        (st.records_in_log, st.live_keys, st.generation)
-    }
-
-    pub fn needs_compaction(&self) -> bool {
-        if self.replicated.is_some() {
-            // The replicated group's log is not compacted (docs/replication.md).
-            return false;
-        }
-        let (records, live, _) = self.stats();
-        records >= self.config.compact_min_records
-            && records >= live.saturating_mul(self.config.compact_ratio.max(1))
-    }
-
-    /// Compacts unless another compaction is running. Blocking: run it off the async threads.
-    pub fn compact(&self) -> Result<Option<CompactReport>, StoreError> {
-        self.compact_stopping_at(CompactStep::Finished)
-    }
-
-    /// Compaction that stops after `stop`, leaving the files as a crash there would.
-    /// Tests reopen the directory afterwards; anything else must call [`Self::compact`].
-    #[doc(hidden)]
-    pub fn compact_stopping_at(
-        &self,
-        stop: CompactStep,
-    ) -> Result<Option<CompactReport>, StoreError> {
-        if self.compacting.swap(true, Ordering::AcqRel) {
-            return Ok(None);
-        }
-        let result = self.compact_locked(stop);
-        self.compacting.store(false, Ordering::Release);
-        result.map(Some)
-    }
-
-    fn compact_locked(&self, stop: CompactStep) -> Result<CompactReport, StoreError> {
-        let started = Instant::now();
-        // Commits wait while this runs; it is rare (the log must be many times its live set).
-        let mut st = lock(&self.state);
-        let records_before = st.records_in_log;
-        let generation = st.generation + 1;
-        let new_dir = log_dir(&self.dir, generation);
-        if new_dir.exists() {
-            fs::remove_dir_all(&new_dir).map_err(io("remove stale", &new_dir))?;
-        }
-        let (new_log, _) = PartitionLog::open(&new_dir, log_config())?;
-        let mut live: Vec<(OffsetKey, Option<Committed>)> =
-            Vec::with_capacity(st.live_keys as usize);
-        for (group, offsets) in &st.latest {
-            for ((topic, partition), c) in offsets {
-                live.push((
-                    OffsetKey {
-                        group: group.clone(),
-                        topic: topic.clone(),
-                        partition: *partition,
-                    },
-                    Some(c.clone()),
-                ));
-            }
-        }
-        live.sort_by(|a, b| a.0.cmp(&b.0));
-        let now = crate::time::now_ms();
-        for chunk in live.chunks(COMPACT_BATCH_RECORDS) {
-            let batch = encode_batch(chunk, now)?;
-            new_log.append(&batch, now)?;
-        }
-        if stop == CompactStep::Written {
-            return Err(StoreError::Record("stopped after writing (test)".into()));
-        }
-        new_log.close()?;
-        if stop == CompactStep::Synced {
-            return Err(StoreError::Record("stopped after fsync (test)".into()));
-        }
-        write_current_tmp(&self.dir, generation)?;
-        if stop == CompactStep::PointerWritten {
-            return Err(StoreError::Record(
-                "stopped before the rename (test)".into(),
-            ));
-        }
-        rename_current(&self.dir)?;
-        // From here on generation N+1 is the store.
-        let (reopened, _) = PartitionLog::open(&new_dir, log_config())?;
-        let old = std::mem::replace(&mut st.log, reopened);
-        let old_generation = st.generation;
-        st.generation = generation;
-        // Everything in `latest` is durable in the new log.
-        st.pending.clear();
-        st.applied = st.latest.clone();
-        st.live_keys = live.len() as u64;
-        st.records_in_log = st.live_keys;
-        drop(st);
-        // Closing publishes the old log's durable offset, which wakes commits still waiting on it.
-        if let Err(e) = old.close() {
-            tracing::warn!(error = %e, "closing the compacted-away offsets log failed; its data is in the new one");
-        }
-        if stop == CompactStep::Switched {
-            return Err(StoreError::Record("stopped after the switch (test)".into()));
-        }
-        let old_dir = log_dir(&self.dir, old_generation);
-        if let Err(e) = fs::remove_dir_all(&old_dir) {
-            tracing::warn!(path = %old_dir.display(), error = %e, "removing the old offsets log failed; it is removed on the next start");
-        }
-        sync_dir(&self.dir)?;
-        Ok(CompactReport {
-            generation,
-            records_before,
-            live_keys: live.len() as u64,
-            elapsed: started.elapsed(),
-        })
-    }
-
-    /// Final fsync of the log.
-    pub fn close(&self) {
-        let st = lock(&self.state);
-        if let Err(e) = st.log.close() {
-            tracing::warn!(error = %e, "closing the offsets log failed");
-        }
+        self.table.stats()
     }
 }
 
@@ -705,8 +479,10 @@ fn count_keys(map: &HashMap<String, GroupOffsets>) -> u64 {
     map.values().map(|g| g.len() as u64).sum()
 }
 
-/// One uncompressed RecordBatch v2 holding every change, record offsets 0..n.
-fn encode_batch(
+/// One commit request's batch: an uncompressed RecordBatch v2 holding every change, record
+/// offsets 0..n (what the offsets group's log and snapshots hold; conversion of the older
+/// layout writes them too).
+pub fn encode_changes(
     changes: &[(OffsetKey, Option<Committed>)],
     now_ms: i64,
 ) -> Result<Bytes, StoreError> {
@@ -749,29 +525,8 @@ fn encode_batch(
     Ok(buf.freeze())
 }
 
-/// Feeds every record of the log to `apply`, in order. Returns (records applied, records skipped
-/// because they do not parse).
-fn replay(
-    log: &PartitionLog,
-    mut apply: impl FnMut(&OffsetKey, Option<&Committed>),
-) -> Result<(u64, u64), StoreError> {
-    let end = log.log_end_offset();
-    let mut offset = log.log_start_offset();
-    let (mut applied, mut skipped) = (0u64, 0u64);
-    while offset < end {
-        let read = log.read(offset, REPLAY_READ_BYTES, end)?;
-        if read.records.is_empty() || read.next_offset <= offset {
-            break;
-        }
-        let (a, s) = replay_batches(read.records.clone(), &mut apply);
-        applied += a;
-        skipped += s;
-        offset = read.next_offset;
-    }
-    Ok((applied, skipped))
-}
-
-/// Feeds every record of concatenated batches to `apply`. Returns (applied, skipped).
+/// Feeds every record of concatenated batches to `apply`, in order. Returns (records applied,
+/// records skipped because they do not parse).
 fn replay_batches(
     mut rest: Bytes,
     mut apply: impl FnMut(&OffsetKey, Option<&Committed>),
@@ -818,62 +573,15 @@ fn replay_batches(
     (applied, skipped)
 }
 
-fn read_current(dir: &Path) -> Result<Option<u64>, StoreError> {
-    let path = dir.join(CURRENT);
-    let text = match fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io("read", &path)(e)),
-    };
-    text.trim()
-        .parse::<u64>()
-        .map(Some)
-        .map_err(|_| StoreError::BadState {
-            path,
-            reason: format!("expected a generation number, found {:?}", text.trim()),
-        })
-}
-
-/// Removes every log generation except `keep`, and a stray `CURRENT.tmp`.
-fn remove_leftovers(dir: &Path, keep: u64) -> Result<(), StoreError> {
-    let keep_name = format!("{LOG_PREFIX}{keep}");
-    for entry in fs::read_dir(dir).map_err(io("list", dir))? {
-        let entry = entry.map_err(io("list", dir))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let path = entry.path();
-        if name.starts_with(LOG_PREFIX) && name != keep_name {
-            tracing::info!(path = %path.display(), "removing an offsets log left by an interrupted compaction");
-            fs::remove_dir_all(&path).map_err(io("remove", &path))?;
-        } else if name == CURRENT_TMP {
-            fs::remove_file(&path).map_err(io("remove", &path))?;
+/// Applies the records of one commit batch to `latest` (key → latest value; a tombstone
+/// removes the key).
+pub(crate) fn replay_into(batch: Bytes, latest: &mut BTreeMap<OffsetKey, Committed>) {
+    replay_batches(batch, |k, v| match v {
+        Some(v) => {
+            latest.insert(k.clone(), v.clone());
         }
-    }
-    Ok(())
-}
-
-fn write_current_tmp(dir: &Path, generation: u64) -> Result<(), StoreError> {
-    let tmp = dir.join(CURRENT_TMP);
-    let mut file = fs::File::create(&tmp).map_err(io("create", &tmp))?;
-    file.write_all(format!("{generation}\n").as_bytes())
-        .map_err(io("write", &tmp))?;
-    file.sync_all().map_err(io("fsync", &tmp))?;
-    Ok(())
-}
-
-fn rename_current(dir: &Path) -> Result<(), StoreError> {
-    let tmp = dir.join(CURRENT_TMP);
-    let current = dir.join(CURRENT);
-    fs::rename(&tmp, &current).map_err(io("rename", &current))?;
-    sync_dir(dir)
-}
-
-fn write_current(dir: &Path, generation: u64) -> Result<(), StoreError> {
-    write_current_tmp(dir, generation)?;
-    rename_current(dir)
-}
-
-fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io("fsync directory", dir))
+        None => {
+            latest.remove(k);
+        }
+    });
 }

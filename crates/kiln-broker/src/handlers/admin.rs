@@ -1,4 +1,5 @@
-//! CreateTopics and DeleteTopics. File-system work runs on the blocking pool.
+//! CreateTopics and DeleteTopics: proposed to the metadata log by the controller; other brokers
+//! answer NOT_CONTROLLER and clients retry at the controller.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,35 +16,38 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 
-use crate::catalog::CatalogError;
-use crate::errors::catalog_error_code;
+use crate::cluster::Cluster;
+use crate::errors::cluster_error_code;
 use crate::handlers::Reply;
-use crate::server::Broker;
 
-/// Replicas a topic can have on this single-node broker.
-const BROKERS_AVAILABLE: i16 = 1;
-
-pub fn create_topics(broker: &Arc<Broker>, request: CreateTopicsRequest, version: i16) -> Reply {
-    let broker = broker.clone();
+pub fn create_topics(
+    cluster: &Arc<Cluster>,
+    default_partitions: u32,
+    request: CreateTopicsRequest,
+    version: i16,
+) -> Reply {
+    let cluster = cluster.clone();
     Reply::Later(Box::pin(async move {
-        let results = tokio::task::spawn_blocking(move || {
-            request
-                .topics
-                .into_iter()
-                .map(|t| create_one(&broker, t, request.validate_only, version))
-                .collect::<Vec<_>>()
-        })
-        .await
-        .unwrap_or_else(|e| {
-            tracing::error!(error = %e, "create topics task failed");
-            Vec::new()
-        });
+        let mut results = Vec::with_capacity(request.topics.len());
+        for topic in request.topics {
+            results.push(
+                create_one(
+                    &cluster,
+                    default_partitions,
+                    topic,
+                    request.validate_only,
+                    version,
+                )
+                .await,
+            );
+        }
         ResponseKind::CreateTopics(CreateTopicsResponse::default().with_topics(results))
     }))
 }
 
-fn create_one(
-    broker: &Broker,
+async fn create_one(
+    cluster: &Cluster,
+    default_partitions: u32,
     topic: CreatableTopic,
     validate_only: bool,
     version: i16,
@@ -56,33 +60,23 @@ fn create_one(
             .with_error_code(code.code())
             .with_error_message(Some(StrBytes::from_string(message)))
     };
-    let spec = match parse_create(&topic, broker.config.default_partitions) {
+    let spec = match parse_create(&topic, default_partitions) {
         Ok(spec) => spec,
         Err((code, message)) => return fail(code, message),
     };
-    if !matches!(spec.replication_factor, None | Some(1)) {
-        return fail(
-            ResponseError::InvalidReplicationFactor,
-            format!(
-                "replication factor {} exceeds the {BROKERS_AVAILABLE} broker(s) available",
-                topic.replication_factor
-            ),
-        );
-    }
-    let (partitions, overrides) = (spec.partitions, spec.overrides);
-    let outcome = if validate_only {
-        broker
-            .catalog
-            .validate_create(topic.name.as_str(), partitions, &overrides)
-            .map(|_| None)
-    } else {
-        broker
-            .catalog
-            .create(topic.name.as_str(), partitions, overrides.clone())
-            .map(Some)
-    };
+    let (partitions, replication_factor, overrides) =
+        (spec.partitions, spec.replication_factor, spec.overrides);
+    let outcome = cluster
+        .create_topic(
+            topic.name.as_str(),
+            partitions,
+            replication_factor,
+            overrides.clone(),
+            validate_only,
+        )
+        .await;
     match outcome {
-        Ok(created) => {
+        Ok(()) => {
             let configs = (version >= 5).then(|| {
                 overrides
                     .iter()
@@ -93,16 +87,17 @@ fn create_one(
                     })
                     .collect()
             });
+            let rf = replication_factor.unwrap_or(cluster.settings.default_replication_factor);
             let mut r = result
-                .with_num_partitions(partitions as i32)
-                .with_replication_factor(1)
+                .with_num_partitions(i32::try_from(partitions).unwrap_or(i32::MAX))
+                .with_replication_factor(i16::try_from(rf).unwrap_or(i16::MAX))
                 .with_configs(configs);
-            if let Some(t) = created {
+            if let Some(t) = cluster.topic(topic.name.as_str()) {
                 r = r.with_topic_id(t.id);
             }
             r
         }
-        Err(e) => fail(catalog_error_code(&e), e.to_string()),
+        Err(e) => fail(cluster_error_code(&e), e.to_string()),
     }
 }
 
@@ -166,34 +161,19 @@ pub(crate) fn parse_create(
     })
 }
 
-pub fn delete_topics(broker: &Arc<Broker>, request: DeleteTopicsRequest) -> Reply {
-    let broker = broker.clone();
+pub fn delete_topics(cluster: &Arc<Cluster>, request: DeleteTopicsRequest) -> Reply {
+    let cluster = cluster.clone();
     Reply::Later(Box::pin(async move {
-        let results = tokio::task::spawn_blocking(move || {
-            request
-                .topic_names
-                .into_iter()
-                .map(|name| {
-                    let result = DeletableTopicResult::default().with_name(Some(name.clone()));
-                    match broker.catalog.delete(name.as_str()) {
-                        Ok(()) => result,
-                        Err(e) => {
-                            if !matches!(e, CatalogError::NotFound(_)) {
-                                tracing::error!(topic = %name.as_str(), error = %e, "delete topic failed");
-                            }
-                            result
-                                .with_error_code(catalog_error_code(&e).code())
-                                .with_error_message(Some(StrBytes::from_string(e.to_string())))
-                        }
-                    }
-                })
-                .collect::<Vec<_>>()
-        })
-        .await
-        .unwrap_or_else(|e| {
-            tracing::error!(error = %e, "delete topics task failed");
-            Vec::new()
-        });
+        let mut results = Vec::with_capacity(request.topic_names.len());
+        for name in request.topic_names {
+            let result = DeletableTopicResult::default().with_name(Some(name.clone()));
+            results.push(match cluster.delete_topic(name.as_str()).await {
+                Ok(()) => result,
+                Err(e) => result
+                    .with_error_code(cluster_error_code(&e).code())
+                    .with_error_message(Some(StrBytes::from_string(e.to_string()))),
+            });
+        }
         ResponseKind::DeleteTopics(DeleteTopicsResponse::default().with_responses(results))
     }))
 }

@@ -1,5 +1,6 @@
-//! Fetch with long poll: answer once `min_bytes` are available or `max_wait_ms` has passed.
-//! Only durable data (below the high watermark) is ever returned.
+//! Fetch with long poll, served by the partition's leader: answer once `min_bytes` are
+//! available or `max_wait_ms` has passed. Only committed data (below the high watermark, the Raft
+//! commit point translated to an offset) is ever returned, CRC checked.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,27 +9,29 @@ use futures_util::future::select_all;
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::{FetchRequest, FetchResponse, ResponseKind};
 use kafka_protocol::ResponseError;
-use kiln_log::LogError;
 use tokio::sync::watch;
 
-use crate::errors::log_error_code;
+use crate::cluster::Cluster;
+use crate::errors::partition_error_code;
 use crate::handlers::Reply;
-use crate::server::Broker;
 use crate::traffic::TopicTraffic;
 
-pub fn handle(broker: &Arc<Broker>, request: FetchRequest) -> Reply {
-    let broker = broker.clone();
+pub fn handle(cluster: &Arc<Cluster>, cap_ms: u64, request: FetchRequest) -> Reply {
+    let cluster = cluster.clone();
     Reply::Later(Box::pin(async move {
-        let response = long_poll(&broker, &request).await;
-        count_traffic(&broker, &response);
+        let response = wait_for_data(&request, cap_ms, |watchers| {
+            read_once(&cluster, &request, watchers)
+        })
+        .await;
+        count_traffic(&cluster, &response);
         ResponseKind::Fetch(response)
     }))
 }
 
 /// Once per request, whatever the long poll did: one request and the bytes returned, per topic.
-fn count_traffic(broker: &Broker, response: &FetchResponse) {
+fn count_traffic(cluster: &Cluster, response: &FetchResponse) {
     for t in &response.responses {
-        let Some(topic) = broker.catalog.get(t.topic.as_str()) else {
+        let Some(topic) = cluster.topic(t.topic.as_str()) else {
             continue;
         };
         let bytes: usize = t
@@ -41,14 +44,7 @@ fn count_traffic(broker: &Broker, response: &FetchResponse) {
     }
 }
 
-async fn long_poll(broker: &Broker, request: &FetchRequest) -> FetchResponse {
-    wait_for_data(request, broker.config.fetch_max_wait_ms_cap, |watchers| {
-        read_once(broker, request, watchers)
-    })
-    .await
-}
-
-/// The long poll shared by standalone and cluster mode: `read` reads every requested partition
+/// The long poll: `read` reads every requested partition
 /// once and returns (response, record bytes, whether any partition failed), pushing a watcher
 /// of each partition's high watermark; an answer goes back once `min_bytes` are there, on an
 /// error, or at the deadline (the request's wait, capped at `cap_ms`).
@@ -95,10 +91,8 @@ pub(crate) fn partition_limit(partition_max_bytes: i32, budget: usize, returned:
     }
 }
 
-/// Reads every requested partition once. Returns the response, the record bytes it holds, and
-/// whether any partition failed (an error is answered at once, not waited on).
 fn read_once(
-    broker: &Broker,
+    cluster: &Cluster,
     request: &FetchRequest,
     watchers: &mut Vec<watch::Receiver<i64>>,
 ) -> (FetchResponse, usize, bool) {
@@ -107,28 +101,49 @@ fn read_once(
     let mut had_error = false;
     let mut topics = Vec::with_capacity(request.topics.len());
     for wanted in &request.topics {
-        let topic = broker.catalog.get(wanted.topic.as_str());
+        let topic = cluster.topic(wanted.topic.as_str());
         let mut partitions = Vec::with_capacity(wanted.partitions.len());
         for p in &wanted.partitions {
-            let mut data = PartitionData::default()
+            let data = PartitionData::default()
                 .with_partition_index(p.partition)
                 .with_high_watermark(-1)
                 .with_last_stable_offset(-1)
                 .with_log_start_offset(-1);
-            let Some(log) = topic.as_ref().and_then(|t| t.partition(p.partition)) else {
+            let Some(topic) = topic
+                .as_ref()
+                .filter(|t| p.partition >= 0 && p.partition < t.partition_count())
+            else {
                 had_error = true;
                 partitions
                     .push(data.with_error_code(ResponseError::UnknownTopicOrPartition.code()));
                 continue;
             };
-            watchers.push(log.subscribe_durable());
-            let high_watermark = log.durable_offset();
-            data = data
+            let Some(replica) = cluster
+                .partition(topic, p.partition)
+                .filter(|r| r.is_leader())
+            else {
+                had_error = true;
+                partitions.push(data.with_error_code(ResponseError::NotLeaderOrFollower.code()));
+                continue;
+            };
+            let partition = &replica.partition;
+            watchers.push(partition.subscribe_high_watermark());
+            let high_watermark = partition.high_watermark();
+            let data = data
                 .with_high_watermark(high_watermark)
                 .with_last_stable_offset(high_watermark)
-                .with_log_start_offset(log.log_start_offset());
+                .with_log_start_offset(partition.log_start_offset())
+                .with_current_leader(
+                    kafka_protocol::messages::fetch_response::LeaderIdAndEpoch::default()
+                        .with_leader_id(kafka_protocol::messages::BrokerId(cluster.node_id))
+                        .with_leader_epoch(i32::try_from(replica.leader().1).unwrap_or(i32::MAX)),
+                );
             let max_bytes = partition_limit(p.partition_max_bytes, budget, total);
-            if p.fetch_offset > log.log_end_offset() || p.fetch_offset < log.log_start_offset() {
+            // A new leader's high watermark can trail the old one's for a moment; offsets up to
+            // its log end are waited on, not refused.
+            if p.fetch_offset < partition.log_start_offset()
+                || p.fetch_offset > partition.log_end_offset().max(high_watermark)
+            {
                 had_error = true;
                 partitions.push(data.with_error_code(ResponseError::OffsetOutOfRange.code()));
                 continue;
@@ -137,7 +152,7 @@ fn read_once(
                 partitions.push(data.with_records(Some(Default::default())));
                 continue;
             }
-            match log.read(p.fetch_offset, max_bytes, high_watermark) {
+            match partition.read(p.fetch_offset, max_bytes) {
                 Ok(read) => {
                     total += read.records.len();
                     budget = budget.saturating_sub(read.records.len());
@@ -145,10 +160,8 @@ fn read_once(
                 }
                 Err(e) => {
                     had_error = true;
-                    if matches!(e, LogError::Corrupt { .. }) {
-                        tracing::error!(topic = %wanted.topic.as_str(), partition = p.partition, error = %e, "corrupt data refused on fetch");
-                    }
-                    partitions.push(data.with_error_code(log_error_code(&e).code()));
+                    tracing::warn!(topic = %wanted.topic.as_str(), partition = p.partition, error = %e, "read refused");
+                    partitions.push(data.with_error_code(partition_error_code(&e).code()));
                 }
             }
         }

@@ -49,18 +49,11 @@ pub fn find_coordinator(
     request: FindCoordinatorRequest,
     version: i16,
 ) -> FindCoordinatorResponse {
-    // Cluster mode: the coordinator is the leader of the replicated offsets group.
-    let (node, host, port, unavailable) = match &broker.cluster {
-        None => (
-            BrokerId(broker.config.node_id),
-            s(&broker.advertised_host),
-            broker.advertised_port,
-            false,
-        ),
-        Some(cluster) => match cluster.broker(cluster.offsets.leader().0) {
-            Some(b) => (BrokerId(b.id), s(&b.host), b.port, false),
-            None => (BrokerId(-1), s(""), -1, true),
-        },
+    // The coordinator is the leader of the replicated offsets group.
+    let cluster = &broker.cluster;
+    let (node, host, port, unavailable) = match cluster.broker(cluster.offsets.leader().0) {
+        Some(b) => (BrokerId(b.id), s(&b.host), b.port, false),
+        None => (BrokerId(-1), s(""), -1, true),
     };
     let check = |key: &StrBytes| -> Result<(), (ResponseError, String)> {
         if unavailable {

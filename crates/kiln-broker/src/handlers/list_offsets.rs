@@ -1,4 +1,5 @@
-//! ListOffsets: earliest, latest (the high watermark) and by timestamp.
+//! ListOffsets, answered by the partition's leader: earliest is the log start (retention moves
+//! it), latest the high watermark, a timestamp the first record at or after it.
 
 use std::sync::Arc;
 
@@ -8,22 +9,23 @@ use kafka_protocol::messages::list_offsets_response::{
 use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
 use kafka_protocol::records::RecordBatchDecoder;
 use kafka_protocol::ResponseError;
-use kiln_log::{BatchHeader, LogError, PartitionLog};
+use kiln_log::BatchHeader;
+use kiln_raft::{PartitionError, ReplicatedPartition};
 
-use crate::errors::log_error_code;
-use crate::server::Broker;
+use crate::cluster::Cluster;
+use crate::errors::partition_error_code;
 
 const LATEST: i64 = -1;
 const EARLIEST: i64 = -2;
 /// Attributes bits 0-2: the compression codec; 0 is none.
 const COMPRESSION_MASK: i16 = 0b111;
 
-pub fn handle(broker: &Arc<Broker>, request: ListOffsetsRequest) -> ListOffsetsResponse {
+pub fn handle(cluster: &Arc<Cluster>, request: ListOffsetsRequest) -> ListOffsetsResponse {
     let topics = request
         .topics
         .into_iter()
         .map(|wanted| {
-            let topic = broker.catalog.get(wanted.name.as_str());
+            let topic = cluster.topic(wanted.name.as_str());
             let partitions = wanted
                 .partitions
                 .iter()
@@ -32,15 +34,26 @@ pub fn handle(broker: &Arc<Broker>, request: ListOffsetsRequest) -> ListOffsetsR
                         .with_partition_index(p.partition_index)
                         .with_timestamp(-1)
                         .with_offset(-1);
-                    let Some(log) = topic.as_ref().and_then(|t| t.partition(p.partition_index)) else {
-                        return response.with_error_code(ResponseError::UnknownTopicOrPartition.code());
+                    let Some(topic) = topic.as_ref().filter(|t| {
+                        p.partition_index >= 0 && p.partition_index < t.partition_count()
+                    }) else {
+                        return response
+                            .with_error_code(ResponseError::UnknownTopicOrPartition.code());
                     };
-                    match lookup(log, p.timestamp) {
-                        Ok(Some((offset, timestamp))) => response.with_offset(offset).with_timestamp(timestamp),
+                    let Some(replica) = cluster
+                        .partition(topic, p.partition_index)
+                        .filter(|r| r.is_leader())
+                    else {
+                        return response.with_error_code(ResponseError::NotLeaderOrFollower.code());
+                    };
+                    match lookup(&replica.partition, p.timestamp) {
+                        Ok(Some((offset, timestamp))) => {
+                            response.with_offset(offset).with_timestamp(timestamp)
+                        }
                         Ok(None) => response,
                         Err(e) => {
                             tracing::warn!(topic = %wanted.name.as_str(), partition = p.partition_index, error = %e, "offset lookup failed");
-                            response.with_error_code(log_error_code(&e).code())
+                            response.with_error_code(partition_error_code(&e).code())
                         }
                     }
                 })
@@ -54,20 +67,23 @@ pub fn handle(broker: &Arc<Broker>, request: ListOffsetsRequest) -> ListOffsetsR
 }
 
 /// (offset, timestamp) for a ListOffsets query; timestamp -1 for the special queries.
-fn lookup(log: &PartitionLog, timestamp: i64) -> Result<Option<(i64, i64)>, LogError> {
-    let high_watermark = log.durable_offset();
+fn lookup(
+    partition: &ReplicatedPartition,
+    timestamp: i64,
+) -> Result<Option<(i64, i64)>, PartitionError> {
+    let high_watermark = partition.high_watermark();
     match timestamp {
-        EARLIEST => Ok(Some((log.log_start_offset(), -1))),
+        EARLIEST => Ok(Some((partition.log_start_offset(), -1))),
         LATEST => Ok(Some((high_watermark, -1))),
         ts if ts >= 0 => {
-            let Some(found) = log.lookup_timestamp(ts)? else {
+            let Some(found) = partition.lookup_timestamp(ts)? else {
                 return Ok(None);
             };
             if found.batch_base_offset >= high_watermark {
                 return Ok(None);
             }
             Ok(Some(
-                first_record_at_or_after(log, found.batch_base_offset, ts, high_watermark)?
+                first_record_at_or_after(partition, found.batch_base_offset, ts, high_watermark)?
                     .unwrap_or((found.batch_base_offset, found.batch_max_timestamp)),
             ))
         }
@@ -80,12 +96,12 @@ fn lookup(log: &PartitionLog, timestamp: i64) -> Result<Option<(i64, i64)>, LogE
 /// answer with their first offset: decompressing on this path would let one producer's batch
 /// make the broker allocate without bound.
 fn first_record_at_or_after(
-    log: &PartitionLog,
+    partition: &ReplicatedPartition,
     batch_base_offset: i64,
     ts: i64,
     high_watermark: i64,
-) -> Result<Option<(i64, i64)>, LogError> {
-    let read = log.read(batch_base_offset, 1, high_watermark)?;
+) -> Result<Option<(i64, i64)>, PartitionError> {
+    let read = partition.read(batch_base_offset, 1)?;
     let Ok(header) = BatchHeader::parse(&read.records) else {
         return Ok(None);
     };

@@ -1,3 +1,7 @@
+//! Metadata: every broker of the cluster, the controller, and per partition the leader and
+//! epoch as this broker's replica knows them. The cluster id is the replicated one (persisted
+//! by every broker once learnt); before a new cluster has named itself it is null.
+
 use std::sync::Arc;
 
 use kafka_protocol::messages::metadata_response::{
@@ -7,80 +11,122 @@ use kafka_protocol::messages::{BrokerId, MetadataRequest, MetadataResponse, Topi
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 
-use crate::catalog::{CatalogError, Topic};
-use crate::errors::catalog_error_code;
+use crate::cluster::{Cluster, ClusterTopic};
+use crate::errors::cluster_error_code;
 use crate::server::Broker;
 
-pub fn handle(broker: &Arc<Broker>, request: MetadataRequest) -> MetadataResponse {
-    let node = BrokerId(broker.config.node_id);
+pub async fn handle(
+    broker: Arc<Broker>,
+    cluster: Arc<Cluster>,
+    request: MetadataRequest,
+) -> MetadataResponse {
     let topics = match request.topics {
-        None => broker
-            .catalog
-            .list()
+        None => cluster
+            .topics()
             .iter()
-            .map(|t| describe(t, node))
+            .map(|t| describe(&cluster, t))
             .collect(),
-        Some(wanted) => wanted
-            .into_iter()
-            .map(|t| {
+        Some(wanted) => {
+            let mut out = Vec::with_capacity(wanted.len());
+            for t in wanted {
                 let Some(name) = t.name else {
-                    // Lookups by topic id alone arrive with Metadata v10+; ids are not indexed yet.
-                    return MetadataResponseTopic::default()
-                        .with_topic_id(t.topic_id)
-                        .with_error_code(ResponseError::UnknownTopicId.code());
+                    out.push(
+                        MetadataResponseTopic::default()
+                            .with_topic_id(t.topic_id)
+                            .with_error_code(ResponseError::UnknownTopicId.code()),
+                    );
+                    continue;
                 };
-                match lookup_or_create(broker, name.as_str(), request.allow_auto_topic_creation) {
-                    Ok(topic) => describe(&topic, node),
-                    Err(e) => MetadataResponseTopic::default()
-                        .with_name(Some(name))
-                        .with_error_code(catalog_error_code(&e).code()),
+                if let Some(topic) = cluster.topic(name.as_str()) {
+                    out.push(describe(&cluster, &topic));
+                    continue;
                 }
-            })
-            .collect(),
+                let code = if broker.config.auto_create_topics && request.allow_auto_topic_creation
+                {
+                    // Only the controller creates; elsewhere the client is told to ask again
+                    // (it refreshes metadata and reaches the controller in time).
+                    match cluster
+                        .create_topic(
+                            name.as_str(),
+                            broker.config.default_partitions,
+                            None,
+                            Default::default(),
+                            false,
+                        )
+                        .await
+                    {
+                        Ok(()) | Err(crate::cluster::ClusterError::AlreadyExists(_)) => None,
+                        Err(crate::cluster::ClusterError::NotController(_)) => {
+                            Some(ResponseError::LeaderNotAvailable)
+                        }
+                        Err(e) => Some(cluster_error_code(&e)),
+                    }
+                } else {
+                    Some(ResponseError::UnknownTopicOrPartition)
+                };
+                match (code, cluster.topic(name.as_str())) {
+                    (None, Some(topic)) => out.push(describe(&cluster, &topic)),
+                    (code, _) => out.push(
+                        MetadataResponseTopic::default()
+                            .with_name(Some(name))
+                            .with_error_code(
+                                code.unwrap_or(ResponseError::LeaderNotAvailable).code(),
+                            ),
+                    ),
+                }
+            }
+            out
+        }
     };
+    let brokers = cluster
+        .brokers
+        .iter()
+        .map(|b| {
+            MetadataResponseBroker::default()
+                .with_node_id(BrokerId(b.id))
+                .with_host(StrBytes::from_string(b.host.clone()))
+                .with_port(b.port)
+        })
+        .collect();
     MetadataResponse::default()
-        .with_brokers(vec![MetadataResponseBroker::default()
-            .with_node_id(node)
-            .with_host(StrBytes::from_string(broker.advertised_host.clone()))
-            .with_port(broker.advertised_port)])
-        .with_cluster_id(Some(StrBytes::from_string(broker.cluster_id())))
-        .with_controller_id(node)
+        .with_brokers(brokers)
+        .with_cluster_id(broker.cluster_id().map(StrBytes::from_string))
+        .with_controller_id(BrokerId(cluster.controller()))
         .with_topics(topics)
 }
 
-fn lookup_or_create(
-    broker: &Broker,
-    name: &str,
-    client_allows: bool,
-) -> Result<Arc<Topic>, CatalogError> {
-    if let Some(topic) = broker.catalog.get(name) {
-        return Ok(topic);
-    }
-    if !(broker.config.auto_create_topics && client_allows) {
-        return Err(CatalogError::NotFound(name.to_string()));
-    }
-    match broker
-        .catalog
-        .create(name, broker.config.default_partitions, Default::default())
-    {
-        // Another connection may have created it a moment ago.
-        Err(CatalogError::AlreadyExists(_)) => broker
-            .catalog
-            .get(name)
-            .ok_or_else(|| CatalogError::NotFound(name.to_string())),
-        other => other,
-    }
-}
-
-fn describe(topic: &Topic, node: BrokerId) -> MetadataResponseTopic {
-    let partitions = (0..topic.partitions.len() as i32)
-        .map(|index| {
-            MetadataResponsePartition::default()
+fn describe(cluster: &Cluster, topic: &ClusterTopic) -> MetadataResponseTopic {
+    let partitions = topic
+        .assignments
+        .iter()
+        .enumerate()
+        .map(|(index, members)| {
+            let index = i32::try_from(index).unwrap_or(i32::MAX);
+            let replicas: Vec<BrokerId> = members.iter().map(|m| BrokerId(*m)).collect();
+            let response = MetadataResponsePartition::default()
                 .with_partition_index(index)
-                .with_leader_id(node)
-                .with_leader_epoch(0)
-                .with_replica_nodes(vec![node])
-                .with_isr_nodes(vec![node])
+                .with_replica_nodes(replicas.clone());
+            match cluster.partition(topic, index) {
+                Some(replica) => {
+                    let (leader, term) = replica.leader();
+                    let isr = replica.in_sync().into_iter().map(BrokerId).collect();
+                    let response = response
+                        .with_leader_id(BrokerId(leader))
+                        .with_leader_epoch(i32::try_from(term).unwrap_or(i32::MAX))
+                        .with_isr_nodes(isr);
+                    if leader < 0 {
+                        response.with_error_code(ResponseError::LeaderNotAvailable.code())
+                    } else {
+                        response
+                    }
+                }
+                // Not a replica here: this broker does not follow the partition's elections.
+                None => response
+                    .with_leader_id(BrokerId(-1))
+                    .with_leader_epoch(-1)
+                    .with_isr_nodes(replicas)
+                    .with_error_code(ResponseError::LeaderNotAvailable.code()),
+            }
         })
         .collect();
     MetadataResponseTopic::default()

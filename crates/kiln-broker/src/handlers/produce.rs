@@ -1,4 +1,7 @@
-//! Produce: validate and append in arrival order, then wait for durability (acks != 0).
+//! Produce: the partition's leader submits the batches to its proposer in arrival order; the
+//! answer waits until a majority of replicas has them fsynced (acks=1 and acks=all alike: an
+//! answer never promises less than a majority; on a broker without peers the majority is its
+//! own fsync).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,31 +10,30 @@ use kafka_protocol::messages::produce_response::{PartitionProduceResponse, Topic
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse, ResponseKind};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
-use kiln_log::{batch, PartitionLog};
+use kiln_log::batch;
+use kiln_raft::proposer::AppendReceiver;
 
-use crate::errors::log_error_code;
+use crate::cluster::{Cluster, ClusterTopic};
+use crate::errors::partition_error_code;
 use crate::handlers::Reply;
-use crate::server::Broker;
-use crate::time::now_ms;
 use crate::traffic::TopicTraffic;
 
-/// Shortest durability wait granted, whatever timeout the client sent.
+/// Shortest replication wait granted, whatever timeout the client sent.
 const ACK_TIMEOUT_MIN: Duration = Duration::from_secs(1);
 
-/// An appended batch whose response waits for its fsync.
 struct Waiting {
     topic: usize,
     partition: usize,
-    log: PartitionLog,
-    next_offset: i64,
+    receiver: AppendReceiver,
+    /// For its traffic counters once the outcome is known.
+    counted: Arc<ClusterTopic>,
 }
 
-pub fn handle(broker: &Arc<Broker>, request: ProduceRequest) -> Reply {
-    let now = now_ms();
+pub fn handle(cluster: &Arc<Cluster>, request: ProduceRequest) -> Reply {
     let mut waiting = Vec::new();
     let mut responses = Vec::with_capacity(request.topic_data.len());
     for (topic_slot, topic_data) in request.topic_data.into_iter().enumerate() {
-        let topic = broker.catalog.get(topic_data.name.as_str());
+        let topic = cluster.topic(topic_data.name.as_str());
         if let Some(t) = &topic {
             TopicTraffic::add(&t.traffic.produce_requests, 1);
         }
@@ -42,53 +44,59 @@ pub fn handle(broker: &Arc<Broker>, request: ProduceRequest) -> Reply {
                 .with_base_offset(-1)
                 .with_log_append_time_ms(-1)
                 .with_log_start_offset(-1);
-            let Some(log) = topic.as_ref().and_then(|t| t.partition(data.index)) else {
+            let Some(topic) = topic
+                .as_ref()
+                .filter(|t| data.index >= 0 && data.index < t.partition_count())
+            else {
                 partitions
                     .push(response.with_error_code(ResponseError::UnknownTopicOrPartition.code()));
+                if let Some(t) = &topic {
+                    TopicTraffic::add(&t.traffic.produce_errors, 1);
+                }
                 continue;
             };
-            let max_batch_bytes = topic.as_ref().map_or(broker.config.max_batch_bytes, |t| {
-                t.settings.max_batch_bytes
+            let Some(replica) = cluster
+                .partition(topic, data.index)
+                .filter(|r| r.is_leader())
+            else {
+                partitions
+                    .push(response.with_error_code(ResponseError::NotLeaderOrFollower.code()));
+                TopicTraffic::add(&topic.traffic.produce_errors, 1);
+                continue;
+            };
+            // The replica's disk is full: its Raft core is stuck retrying a write, so nothing
+            // would be acknowledged; say why at once instead of timing out.
+            let refusal = if replica.partition.disk_full() {
+                Some((
+                    ResponseError::KafkaStorageError,
+                    format!("disk full on broker {}: writes to this partition resume when space is freed", cluster.node_id),
+                ))
+            } else {
+                match &data.records {
+                    None => Some((ResponseError::InvalidRecord, "no records".to_string())),
+                    Some(records) => oversized(records, topic.settings.max_batch_bytes)
+                        .map(|m| (ResponseError::MessageTooLarge, m)),
+                }
+            };
+            let records = match (refusal, data.records) {
+                (None, Some(records)) => records,
+                (refusal, _) => {
+                    let (code, message) =
+                        refusal.unwrap_or((ResponseError::InvalidRecord, "no records".into()));
+                    tracing::debug!(topic = %topic.name, partition = data.index, %message, "produce refused");
+                    TopicTraffic::add(&topic.traffic.produce_errors, 1);
+                    partitions.push(error(response, code, message));
+                    continue;
+                }
+            };
+            TopicTraffic::add(&topic.traffic.produce_bytes, records.len() as u64);
+            waiting.push(Waiting {
+                topic: topic_slot,
+                partition: partition_slot,
+                receiver: replica.proposer().submit(records),
+                counted: topic.clone(),
             });
-            let Some(records) = data.records else {
-                partitions.push(error(
-                    response,
-                    ResponseError::InvalidRecord,
-                    "no records".into(),
-                ));
-                continue;
-            };
-            if let Some(message) = oversized(&records, max_batch_bytes) {
-                partitions.push(error(response, ResponseError::MessageTooLarge, message));
-                continue;
-            }
-            match log.append(&records, now) {
-                Ok(info) => {
-                    if let Some(t) = &topic {
-                        TopicTraffic::add(&t.traffic.produce_records, info.record_count);
-                        TopicTraffic::add(&t.traffic.produce_bytes, records.len() as u64);
-                    }
-                    waiting.push(Waiting {
-                        topic: topic_slot,
-                        partition: partition_slot,
-                        log: log.clone(),
-                        next_offset: info.last_offset + 1,
-                    });
-                    partitions.push(
-                        response
-                            .with_base_offset(info.base_offset)
-                            .with_log_start_offset(log.log_start_offset()),
-                    );
-                }
-                Err(e) => {
-                    tracing::warn!(topic = %topic_data.name.as_str(), partition = data.index, error = %e, "produce refused");
-                    partitions.push(error(response, log_error_code(&e), e.to_string()));
-                }
-            }
-        }
-        if let Some(t) = &topic {
-            let refused = partitions.iter().filter(|p| p.error_code != 0).count();
-            TopicTraffic::add(&t.traffic.produce_errors, refused as u64);
+            partitions.push(response.with_log_start_offset(replica.partition.log_start_offset()));
         }
         responses.push(
             TopicProduceResponse::default()
@@ -96,9 +104,7 @@ pub fn handle(broker: &Arc<Broker>, request: ProduceRequest) -> Reply {
                 .with_partition_responses(partitions),
         );
     }
-
     if request.acks == 0 {
-        // The batches are written; the flusher makes them durable without anyone waiting.
         return Reply::Silent;
     }
     let response = ProduceResponse::default().with_responses(responses);
@@ -107,33 +113,52 @@ pub fn handle(broker: &Arc<Broker>, request: ProduceRequest) -> Reply {
     }
     let timeout =
         Duration::from_millis(u64::try_from(request.timeout_ms).unwrap_or(0)).max(ACK_TIMEOUT_MIN);
-    Reply::Later(Box::pin(wait_durable(response, waiting, timeout)))
+    Reply::Later(Box::pin(wait_committed(response, waiting, timeout)))
 }
 
-/// acks=1 and acks=all both wait for the fsync: on one node the leader is the whole quorum.
-async fn wait_durable(
+async fn wait_committed(
     mut response: ProduceResponse,
     waiting: Vec<Waiting>,
     timeout: Duration,
 ) -> ResponseKind {
     let deadline = tokio::time::Instant::now() + timeout;
     for w in waiting {
-        let outcome = tokio::time::timeout_at(deadline, w.log.wait_durable(w.next_offset)).await;
-        let failure = match outcome {
-            Ok(Ok(())) => continue,
-            Ok(Err(e)) => (log_error_code(&e), e.to_string()),
-            Err(_) => (
+        let outcome = match tokio::time::timeout_at(deadline, w.receiver).await {
+            Ok(Ok(Ok(ack))) => Ok(ack),
+            Ok(Ok(Err(e))) => Err((partition_error_code(&e), e.to_string())),
+            Ok(Err(_)) => Err((
+                ResponseError::NotLeaderOrFollower,
+                "the partition's replica stopped".to_string(),
+            )),
+            // Not known to be committed: the client retries, which may write it twice.
+            Err(_) => Err((
                 ResponseError::RequestTimedOut,
-                format!("not fsynced within {} ms", timeout.as_millis()),
-            ),
+                format!(
+                    "not replicated to a majority within {} ms",
+                    timeout.as_millis()
+                ),
+            )),
         };
-        if let Some(p) = response
-            .responses
-            .get_mut(w.topic)
-            .and_then(|t| t.partition_responses.get_mut(w.partition))
-        {
-            tracing::warn!(partition = p.index, error = %failure.1, "produce not acknowledged");
-            *p = error(p.clone().with_base_offset(-1), failure.0, failure.1);
+        let Some(topic) = response.responses.get_mut(w.topic) else {
+            continue;
+        };
+        let counted = &w.counted.traffic;
+        let Some(p) = topic.partition_responses.get_mut(w.partition) else {
+            continue;
+        };
+        match outcome {
+            Ok(ack) => {
+                p.base_offset = ack.base_offset;
+                TopicTraffic::add(
+                    &counted.produce_records,
+                    u64::try_from(ack.last_offset - ack.base_offset + 1).unwrap_or(0),
+                );
+            }
+            Err((code, message)) => {
+                tracing::debug!(partition = p.index, error = %message, "produce not acknowledged");
+                TopicTraffic::add(&counted.produce_errors, 1);
+                *p = error(p.clone().with_base_offset(-1), code, message);
+            }
         }
     }
     ResponseKind::Produce(response)

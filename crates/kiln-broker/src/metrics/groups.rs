@@ -63,11 +63,11 @@ pub(super) fn render(out: &mut Exposition, broker: &Broker, lags: &[PartitionLag
     for (group, members) in broker.groups.member_counts() {
         out.sample("kiln_group_members", &[("group", &group)], members);
     }
-    let (records, live, generation) = broker.groups.store().stats();
+    let (records, live, skipped) = broker.groups.store().stats();
     out.single(
         "kiln_offsets_log_records",
         Kind::Gauge,
-        "Records in the committed-offsets log.",
+        "Commit records applied to this broker's committed-offsets table since it started or last restored a snapshot.",
         records,
     );
     out.single(
@@ -77,9 +77,9 @@ pub(super) fn render(out: &mut Exposition, broker: &Broker, lags: &[PartitionLag
         live,
     );
     out.single(
-        "kiln_offsets_log_generation",
+        "kiln_offsets_records_skipped",
         Kind::Gauge,
-        "Times the committed-offsets log was compacted (since it was created).",
-        generation,
+        "Records of the committed-offsets log that did not parse (written by a newer version) and were skipped.",
+        skipped,
     );
 }

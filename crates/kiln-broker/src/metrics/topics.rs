@@ -1,10 +1,11 @@
-//! Topic and storage families: produce and fetch counters per topic, partitions, log size and
-//! offsets per partition, fsync latency, and replication.
+//! Topic, storage and replication families: produce and fetch counters per topic, partitions,
+//! log size and offsets per partition replica held here, fsync latency, under-replicated
+//! partitions, leader changes, leadership and the controller.
 
 use kiln_log::stats::{fsync_latency, FSYNC_BUCKETS_SECONDS};
 use kiln_prom::{Exposition, HistogramData, Kind};
 
-use crate::server::Broker;
+use crate::cluster::Cluster;
 use crate::traffic::TrafficSnapshot;
 
 type Pick = fn(&TrafficSnapshot) -> u64;
@@ -43,9 +44,8 @@ pub(super) const TRAFFIC_FAMILIES: [(&str, &str, Pick); 6] = [
     ),
 ];
 
-pub(super) fn render(out: &mut Exposition, broker: &Broker) {
-    let mut topics = broker.catalog.list();
-    topics.sort_by(|a, b| a.name.cmp(&b.name));
+pub(super) fn render(out: &mut Exposition, cluster: &Cluster) {
+    let topics = cluster.topics();
     let traffic: Vec<TrafficSnapshot> = topics.iter().map(|t| t.traffic.snapshot()).collect();
     for (name, help, pick) in TRAFFIC_FAMILIES {
         out.family(name, Kind::Counter, help);
@@ -53,7 +53,6 @@ pub(super) fn render(out: &mut Exposition, broker: &Broker) {
             out.sample(name, &[("topic", &t.name)], pick(snap));
         }
     }
-
     out.family(
         "kiln_topic_partitions",
         Kind::Gauge,
@@ -63,74 +62,105 @@ pub(super) fn render(out: &mut Exposition, broker: &Broker) {
         out.sample(
             "kiln_topic_partitions",
             &[("topic", &t.name)],
-            t.partitions.len(),
+            t.assignments.len(),
         );
+    }
+    // (topic, partition, replica) for every topic partition held here.
+    let mut held = Vec::new();
+    for t in &topics {
+        for index in 0..t.partition_count() {
+            if let Some(r) = cluster.partition(t, index) {
+                held.push((t.name.clone(), index.to_string(), r));
+            }
+        }
     }
     out.single(
         "kiln_partitions",
         Kind::Gauge,
-        "Partitions on this broker, all topics (the committed-offsets log not included).",
-        topics.iter().map(|t| t.partitions.len()).sum::<usize>(),
+        "Partition replicas on this broker, all topics (internal groups not included).",
+        held.len(),
     );
-
-    type LogPick = fn(&kiln_log::PartitionLog) -> u64;
-    let per_partition: [(&str, &str, LogPick); 3] = [
-        (
+    out.family(
+        "kiln_log_size_bytes",
+        Kind::Gauge,
+        "Bytes of the partition replica's segment files on this broker (what retention.bytes limits).",
+    );
+    for (topic, partition, r) in &held {
+        out.sample(
             "kiln_log_size_bytes",
-            "Bytes of segment files of the partition (what retention.bytes limits).",
-            |l| l.size_bytes(),
-        ),
-        (
-            "kiln_log_start_offset",
-            "First offset still in the partition (moves up as retention deletes segments).",
-            |l| u64::try_from(l.log_start_offset()).unwrap_or(0),
-        ),
-        (
-            "kiln_log_high_watermark",
-            "The partition's high watermark: every offset below it is fsynced and readable.",
-            |l| u64::try_from(l.durable_offset()).unwrap_or(0),
-        ),
-    ];
-    for (name, help, pick) in per_partition {
-        out.family(name, Kind::Gauge, help);
-        for t in &topics {
-            for (i, log) in t.partitions.iter().enumerate() {
-                let partition = i.to_string();
-                out.sample(
-                    name,
-                    &[("topic", &t.name), ("partition", &partition)],
-                    pick(log),
-                );
-            }
-        }
+            &[("topic", topic), ("partition", partition)],
+            r.partition.size_bytes(),
+        );
     }
-
+    out.family(
+        "kiln_log_start_offset",
+        Kind::Gauge,
+        "First offset still in the partition (retention moves it, the same on every replica once applied).",
+    );
+    for (topic, partition, r) in &held {
+        out.sample(
+            "kiln_log_start_offset",
+            &[("topic", topic), ("partition", partition)],
+            u64::try_from(r.partition.log_start_offset()).unwrap_or(0),
+        );
+    }
+    out.family(
+        "kiln_log_high_watermark",
+        Kind::Gauge,
+        "The partition's high watermark as this replica knows it: every offset below it is fsynced on a majority.",
+    );
+    for (topic, partition, r) in &held {
+        out.sample(
+            "kiln_log_high_watermark",
+            &[("topic", topic), ("partition", partition)],
+            u64::try_from(r.partition.high_watermark()).unwrap_or(0),
+        );
+    }
+    out.family(
+        "kiln_partition_leader",
+        Kind::Gauge,
+        "1 when this broker leads the partition, else 0.",
+    );
+    for (topic, partition, r) in &held {
+        out.sample(
+            "kiln_partition_leader",
+            &[("topic", topic), ("partition", partition)],
+            u64::from(r.is_leader()),
+        );
+    }
     render_fsync(out);
-
-    // Standalone: one replica per partition, so these are structural zeros, not measurements
-    // (cluster mode exports the real figures, metrics/cluster.rs). Exported so dashboards and
-    // alerts work the same in both modes.
+    let under = held
+        .iter()
+        .filter(|(_, _, r)| r.is_leader() && r.in_sync().len() < r.members.len())
+        .count();
     out.single(
         "kiln_under_replicated_partitions",
         Kind::Gauge,
-        "Partitions with fewer in-sync replicas than configured. Always 0 on a standalone broker (one replica per partition, on this broker).",
-        0u64,
+        "Partitions this broker leads whose in-sync replicas are fewer than their replicas.",
+        under,
     );
+    let changes: u64 = cluster.replicas().iter().map(|r| r.leader_changes()).sum();
     out.single(
         "kiln_leader_changes_total",
         Kind::Counter,
-        "Partition leadership changes on this broker. Always 0 on a standalone broker, which leads every partition it holds.",
-        0u64,
+        "Leader changes seen by this broker's replicas (partitions, the metadata and the offsets groups) since it started.",
+        changes,
+    );
+    out.single(
+        "kiln_controller",
+        Kind::Gauge,
+        "1 when this broker is the controller (leader of the cluster metadata group), else 0.",
+        u64::from(cluster.metadata.is_leader()),
     );
 }
 
-/// The fsync histogram: segment files and, in cluster mode, replica log files.
+/// The fsync histogram: every segment, index, vote and state file fsync of the process.
 pub(super) fn render_fsync(out: &mut Exposition) {
     let fsync = fsync_latency();
     out.family(
         "kiln_log_fsync_duration_seconds",
         Kind::Histogram,
-        "Time of each data fdatasync (segment group commits, rolls, closes; replica log appends) in this broker process.",
+        "Time of each fdatasync of a log segment, index, vote or state file in this broker process.",
     );
     out.histogram(
         "kiln_log_fsync_duration_seconds",

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use kiln_log::fs::{Fs, RealFs};
 use kiln_log::sim_fs::{SimFs, SyncBehaviour};
-use kiln_log::{BatchHeader, ControlKind, EntryBody, Log, LogConfig, NewEntry, ReadMode, StoredBody};
+use kiln_log::{
+    BatchHeader, ControlKind, EntryBody, Log, LogConfig, NewEntry, ReadMode, StoredBody,
+};
 
 /// A record as the tests see it: key, value, timestamp (ms).
 pub type Rec = (Option<Vec<u8>>, Option<Vec<u8>>, i64);
@@ -181,7 +183,12 @@ pub fn open_real(dir: &Path, config: LogConfig) -> (Log, kiln_log::RecoveryRepor
 }
 
 pub fn open_sim(fs: &SimFs, config: LogConfig) -> (Log, kiln_log::RecoveryReport) {
-    Log::open(Arc::new(fs.clone()) as Arc<dyn Fs>, Path::new("/log"), config).unwrap()
+    Log::open(
+        Arc::new(fs.clone()) as Arc<dyn Fs>,
+        Path::new("/log"),
+        config,
+    )
+    .unwrap()
 }
 
 /// What a test appends: records (one batch per record count) or a control payload.
@@ -211,7 +218,11 @@ pub fn append(log: &Log, term: u64, spec: &Spec) {
 
 /// A data entry of `batches` batches of `records` records each, values filled with `fill`.
 pub fn data(batches: usize, records: usize, fill: u8) -> Spec {
-    Spec::Data((0..batches).map(|_| batch_of(records, 100, fill, 1_000)).collect())
+    Spec::Data(
+        (0..batches)
+            .map(|_| batch_of(records, 100, fill, 1_000))
+            .collect(),
+    )
 }
 
 /// Every entry of the log as (index, term, kafka offset, records or -1 for control).

@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::codec::{self, CodecError, KindName, Message};
-use super::PeerAddrs;
+use super::{Hello, HelloAnswer, PeerAddrs};
 use crate::types::{KilnRaft, NodeId};
 
 /// How long a connection attempt may take before the peer counts as unreachable.
@@ -297,6 +297,30 @@ impl RaftNetwork<KilnRaft> for TcpLink {
     fn backoff(&self) -> Backoff {
         Backoff::new(std::iter::repeat(BACKOFF))
     }
+}
+
+/// Asks the Raft listener at `addr` who it is, which cluster it belongs to, and which
+/// incarnation that cluster has registered for the sender.
+pub async fn hello(addr: &str, hello: Hello, timeout: Duration) -> Result<HelloAnswer, String> {
+    let exchange = async {
+        let mut stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        let frame = codec::encode("", &Message::Hello(hello)).map_err(|e| e.to_string())?;
+        stream
+            .write_all(&frame)
+            .await
+            .map_err(|e| format!("write to {addr}: {e}"))?;
+        match codec::read_frame(&mut stream).await {
+            Ok(Some((_, Message::HelloResponse(answer)))) => Ok(answer),
+            Ok(Some((_, other))) => Err(format!("{addr} answered {other:?}")),
+            Ok(None) => Err(format!("{addr} closed the connection")),
+            Err(e) => Err(format!("{addr}: {e}")),
+        }
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| format!("{addr} did not answer within {} ms", timeout.as_millis()))?
 }
 
 #[cfg(test)]

@@ -12,6 +12,8 @@
 //! | 5 | Error response | the reason, UTF-8 |
 //! | 6 | InstallSnapshot request | `target u64, vote, last_log_id?, membership_log_id?, membership, id len u16, id, offset u64, done u8, data` |
 //! | 7 | InstallSnapshot response | `vote` |
+//! | 8 | Hello request | `sender u64, incarnation u64` (group name empty) |
+//! | 9 | Hello response | `node u64, registered u8, incarnation u64, has_cluster u8, cluster id (UTF-8, the rest)` |
 //!
 //! `vote` is `term u64, has_node u8, node u64, committed u8`; a membership is `record.rs`'s
 //! encoding, the one kept on disk. `log_id?` is `0u8`, or `1u8, term u64, index u64`. An entry
@@ -36,8 +38,11 @@ use openraft::raft::{
 use openraft::{CommittedLeaderId, EntryPayload, SnapshotMeta, StoredMembership};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
+use super::{Hello, HelloAnswer};
 use crate::payload::{Command, Payload};
-use crate::record::{decode_membership, decode_vote, encode_membership, encode_vote_payload, VOTE_BYTES};
+use crate::record::{
+    decode_membership, decode_vote, encode_membership, encode_vote_payload, VOTE_BYTES,
+};
 use crate::types::{Entry, KilnRaft, LogId, NodeId, Vote};
 
 /// Largest frame body accepted or sent. An AppendEntries carries at most
@@ -56,6 +61,8 @@ pub(crate) const KIND_VOTE_RESPONSE: u8 = 4;
 pub(crate) const KIND_ERROR: u8 = 5;
 pub(crate) const KIND_SNAPSHOT: u8 = 6;
 pub(crate) const KIND_SNAPSHOT_RESPONSE: u8 = 7;
+pub(crate) const KIND_HELLO: u8 = 8;
+pub(crate) const KIND_HELLO_RESPONSE: u8 = 9;
 
 const ENTRY_BLANK: u8 = 0;
 const ENTRY_RECORDS: u8 = 1;
@@ -103,6 +110,10 @@ pub enum Message {
         rpc: InstallSnapshotRequest<KilnRaft>,
     },
     InstallSnapshotResponse(InstallSnapshotResponse<NodeId>),
+    /// Who are you, and which cluster do you belong to (a broker starting on an empty disk asks
+    /// its peers before it takes part in anything).
+    Hello(Hello),
+    HelloResponse(HelloAnswer),
     /// The request was not served (unknown group, wrong node, Raft stopped, bad frame).
     Error(String),
 }
@@ -116,6 +127,8 @@ impl Message {
             Message::VoteResponse(_) => KIND_VOTE_RESPONSE,
             Message::InstallSnapshot { .. } => KIND_SNAPSHOT,
             Message::InstallSnapshotResponse(_) => KIND_SNAPSHOT_RESPONSE,
+            Message::Hello(_) => KIND_HELLO,
+            Message::HelloResponse(_) => KIND_HELLO_RESPONSE,
             Message::Error(_) => KIND_ERROR,
         }
     }
@@ -134,6 +147,8 @@ impl fmt::Display for KindName {
             KIND_ERROR => f.write_str("Error response"),
             KIND_SNAPSHOT => f.write_str("InstallSnapshot request"),
             KIND_SNAPSHOT_RESPONSE => f.write_str("InstallSnapshot response"),
+            KIND_HELLO => f.write_str("Hello request"),
+            KIND_HELLO_RESPONSE => f.write_str("Hello response"),
             other => write!(f, "kind {other}"),
         }
     }
@@ -151,9 +166,24 @@ impl fmt::Debug for Message {
             Message::InstallSnapshot { target, rpc } => write!(
                 f,
                 "InstallSnapshot(to {target}: {} at {}, {} bytes, done {})",
-                rpc.meta, rpc.offset, rpc.data.len(), rpc.done
+                rpc.meta,
+                rpc.offset,
+                rpc.data.len(),
+                rpc.done
             ),
             Message::InstallSnapshotResponse(r) => write!(f, "InstallSnapshotResponse({r:?})"),
+            Message::Hello(h) => write!(
+                f,
+                "Hello(from {} incarnation {:x})",
+                h.sender, h.incarnation
+            ),
+            Message::HelloResponse(a) => {
+                write!(
+                    f,
+                    "HelloResponse(node {}, cluster {:?}, sender registered as {:?})",
+                    a.node, a.cluster_id, a.sender_incarnation
+                )
+            }
             Message::Error(reason) => write!(f, "Error({reason:?})"),
         }
     }
@@ -317,6 +347,17 @@ pub fn encode(group: &str, message: &Message) -> Result<Vec<u8>, CodecError> {
             out.extend_from_slice(&rpc.data);
         }
         Message::InstallSnapshotResponse(resp) => encode_vote_payload(&resp.vote, &mut out),
+        Message::Hello(hello) => {
+            put_u64(&mut out, hello.sender);
+            put_u64(&mut out, hello.incarnation);
+        }
+        Message::HelloResponse(answer) => {
+            put_u64(&mut out, answer.node);
+            out.push(u8::from(answer.sender_incarnation.is_some()));
+            put_u64(&mut out, answer.sender_incarnation.unwrap_or(0));
+            out.push(u8::from(answer.cluster_id.is_some()));
+            out.extend_from_slice(answer.cluster_id.as_deref().unwrap_or("").as_bytes());
+        }
         Message::Error(reason) => out.extend_from_slice(reason.as_bytes()),
     }
     let len = out.len() - HEADER;
@@ -494,7 +535,8 @@ pub fn decode_body(body: &[u8], crc: u32) -> Result<(String, Message), CodecErro
             // The membership decoder reads from a sub-reader; advance ours by what it took.
             let rest = &r.buf[r.at..];
             let mut rr = crate::record::Reader::new(rest);
-            let membership = decode_membership(&mut rr).ok_or_else(|| malformed("bad snapshot membership"))?;
+            let membership =
+                decode_membership(&mut rr).ok_or_else(|| malformed("bad snapshot membership"))?;
             r.at += rr.at;
             let id_len = usize::from(r.u16("snapshot id length")?);
             let snapshot_id = std::str::from_utf8(r.take(id_len, "snapshot id")?)
@@ -521,6 +563,23 @@ pub fn decode_body(body: &[u8], crc: u32) -> Result<(String, Message), CodecErro
         KIND_SNAPSHOT_RESPONSE => Message::InstallSnapshotResponse(InstallSnapshotResponse {
             vote: r.vote("vote")?,
         }),
+        KIND_HELLO => Message::Hello(Hello {
+            sender: r.u64("sender")?,
+            incarnation: r.u64("incarnation")?,
+        }),
+        KIND_HELLO_RESPONSE => {
+            let node = r.u64("node")?;
+            let registered = r.bool("registered")?;
+            let incarnation = r.u64("incarnation")?;
+            let has = r.bool("has_cluster")?;
+            let id = String::from_utf8(r.rest().to_vec())
+                .map_err(|_| malformed("cluster id is not UTF-8"))?;
+            Message::HelloResponse(HelloAnswer {
+                node,
+                sender_incarnation: registered.then_some(incarnation),
+                cluster_id: has.then_some(id),
+            })
+        }
         KIND_ERROR => Message::Error(
             String::from_utf8(r.rest().to_vec())
                 .map_err(|_| malformed("error reason is not UTF-8"))?,
@@ -565,9 +624,9 @@ mod tests {
     use openraft::{EntryPayload, Membership};
 
     use super::*;
+    use crate::payload::Payload;
     use crate::sim::build_batch;
     use crate::types::Entry;
-    use crate::payload::Payload;
 
     fn lid(term: u64, index: u64) -> LogId {
         LogId::new(CommittedLeaderId::new(term, 0), index)

@@ -17,11 +17,31 @@ mod client;
 pub(crate) mod codec;
 mod server;
 
-pub use client::{TcpLink, TcpNetwork, DEFAULT_CONNECT_TIMEOUT};
+pub use client::{hello, TcpLink, TcpNetwork, DEFAULT_CONNECT_TIMEOUT};
 pub use codec::MAX_FRAME_BYTES;
 pub use server::serve;
 
 /// Where each peer's Raft listener is (`host:port`). Shared by every group of a broker.
+/// A broker asking a peer who it is. `incarnation` names the sender's data directory: it is
+/// drawn at random when the directory is created, so a broker whose disk was replaced comes
+/// back under its old node id with a new incarnation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    pub sender: NodeId,
+    pub incarnation: u64,
+}
+
+/// A peer's answer to a [`Hello`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HelloAnswer {
+    pub node: NodeId,
+    /// The cluster the peer belongs to, once it knows it.
+    pub cluster_id: Option<String>,
+    /// The incarnation the peer's cluster has registered for the sender's node id: a different
+    /// one than the sender's means the sender's data directory was lost.
+    pub sender_incarnation: Option<u64>,
+}
+
 pub type PeerAddrs = Arc<BTreeMap<NodeId, String>>;
 
 /// The server side's view of a broker's groups: the Raft handle for a group name, if this
@@ -35,6 +55,16 @@ pub trait RaftGroups: Send + Sync + 'static {
     /// up). `None` (the default) means neither check is made: implement it.
     fn health(&self, _group: &str) -> Option<ReplicaHealth> {
         None
+    }
+
+    /// The answer to a peer's [`Hello`]: this broker's node id, its cluster's id if it knows
+    /// one, and the incarnation its cluster has registered for the sender, if any.
+    fn hello(&self, _from: &Hello) -> HelloAnswer {
+        HelloAnswer {
+            node: 0,
+            cluster_id: None,
+            sender_incarnation: None,
+        }
     }
 }
 

@@ -112,6 +112,11 @@ async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, groups: Arc<d
 
 /// Serves one request; the flag says whether the connection stays open after the reply.
 async fn handle(groups: &dyn RaftGroups, group: &str, request: Message) -> (Message, bool) {
+    if let Message::Hello(hello) = &request {
+        let answer = groups.hello(hello);
+        tracing::debug!(?hello, ?answer, "raft listener: hello");
+        return (Message::HelloResponse(answer), true);
+    }
     let target = match &request {
         Message::AppendEntries { target, .. }
         | Message::Vote { target, .. }

@@ -18,7 +18,15 @@ pub(super) fn check(
 ) {
     let mut s = lock(&world.shared);
     let mut v: Vec<String> = Vec::new();
-    let data = check_group("", leader, &world.up_in(DATA), &s.acks, &s.reads, false, &mut v);
+    let data = check_group(
+        "",
+        leader,
+        &world.up_in(DATA),
+        &s.acks,
+        &s.reads,
+        false,
+        &mut v,
+    );
     report.final_high_watermark = data.high_watermark;
     report.reads_checked = s.reads.len();
     let off = check_group(

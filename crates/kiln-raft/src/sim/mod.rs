@@ -59,7 +59,9 @@ use rand::Rng;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::partition::{production_config, AppendAck, PartitionError, ReplicatedPartition, StartOptions};
+use crate::partition::{
+    production_config, AppendAck, PartitionError, ReplicatedPartition, StartOptions,
+};
 use crate::rng::StableRng;
 use crate::state_machine::GroupKind;
 use crate::types::{seed_thread_rng, NodeId};
@@ -603,7 +605,8 @@ impl World {
         let Some(fs) = self.slots.get(&h.victim).map(|s| s.fs.clone()) else {
             return;
         };
-        if let Some(rotted) = rot::rot_aimed(&mut self.rng, &fs, Path::new(DATA_DIR), lagging_last) {
+        if let Some(rotted) = rot::rot_aimed(&mut self.rng, &fs, Path::new(DATA_DIR), lagging_last)
+        {
             self.note_rot(h.victim, rotted, true);
         }
         self.router.lock().cut.insert(link(h.leader, h.victim));
@@ -673,7 +676,11 @@ impl World {
     /// Slows the next fsync of `id`'s files by a seeded 2-40 ms (or disarms it), so that the
     /// write it covers is still unsynced at the next 1 ms step of the fault loop.
     fn stall_next_sync(&mut self, id: NodeId, arm: bool) {
-        let ms = if arm { self.rng.random_range(2..=40) } else { 0 };
+        let ms = if arm {
+            self.rng.random_range(2..=40)
+        } else {
+            0
+        };
         if let Some(slot) = self.slots.get(&id) {
             slot.fs.stall_next_sync(Duration::from_millis(ms));
         }
@@ -1017,7 +1024,8 @@ pub async fn run(opts: SimOptions) -> SimReport {
                 let r = &up[world.rng.random_range(0..up.len())];
                 if let Ok(read) = r.read(r.log_start_offset(), usize::MAX) {
                     let mut s = lock(&world.shared);
-                    s.reads.extend(split(&read.records).into_iter().map(|b| (r.id(), b)));
+                    s.reads
+                        .extend(split(&read.records).into_iter().map(|b| (r.id(), b)));
                 }
             }
             if world.rng.random_range(0..1000) < opts.retention_percent * 10 {

@@ -67,7 +67,7 @@ impl Table for SimTable {
         }
     }
 
-    fn snapshot(&self) -> Vec<u8> {
+    fn snapshot(&self) -> Result<Vec<u8>, String> {
         let values = lock_table(&self.values);
         let mut out = Vec::new();
         out.extend_from_slice(&(values.len() as u32).to_be_bytes());
@@ -76,7 +76,7 @@ impl Table for SimTable {
             out.extend_from_slice(k.as_bytes());
             out.extend_from_slice(&v.to_be_bytes());
         }
-        out
+        Ok(out)
     }
 
     fn restore(&self, snapshot: &[u8]) -> Result<(), String> {
@@ -86,7 +86,8 @@ impl Table for SimTable {
         let mut values = BTreeMap::new();
         for _ in 0..n {
             let len = r.u32().ok_or_else(bad)? as usize;
-            let key = String::from_utf8(r.take(len).ok_or_else(bad)?.to_vec()).map_err(|_| bad())?;
+            let key =
+                String::from_utf8(r.take(len).ok_or_else(bad)?.to_vec()).map_err(|_| bad())?;
             values.insert(key, r.i64().ok_or_else(bad)?);
         }
         if !r.done() {
@@ -307,7 +308,8 @@ pub(super) fn record_rebuild(
 ) -> bool {
     let high_watermark = leader.high_watermark();
     let values = if past_high_watermark {
-        let Ok(read) = leader.read_past_high_watermark(leader.log_start_offset(), usize::MAX) else {
+        let Ok(read) = leader.read_past_high_watermark(leader.log_start_offset(), usize::MAX)
+        else {
             return false;
         };
         let mut values = BTreeMap::new();

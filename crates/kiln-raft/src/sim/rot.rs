@@ -84,7 +84,9 @@ fn batches(bytes: &[u8], base_index: u64) -> Vec<Stored> {
     let mut pos = HEADER_LEN as usize;
     let mut index = base_index;
     while let Some(rest) = bytes.get(pos..) {
-        let Ok(h) = BatchHeader::parse(rest) else { break };
+        let Ok(h) = BatchHeader::parse(rest) else {
+            break;
+        };
         let len = h.total_len();
         if rest.len() < len {
             break;
@@ -122,14 +124,22 @@ pub(super) fn rot_at_random(rng: &mut StableRng, fs: &SimFs, dir: &Path) -> Opti
             let at = rng.random_range(HEADER_LEN as usize..bytes.len());
             let mask: u8 = rng.random_range(1..=255);
             bad[at] ^= mask;
-            (RotKind::Flip, at, format!("{} byte {at} ^= {mask:#04x}", path.display()))
+            (
+                RotKind::Flip,
+                at,
+                format!("{} byte {at} ^= {mask:#04x}", path.display()),
+            )
         }
         40..=54 => {
             let last = stored.last().map_or(0, |s| s.pos);
             let at = rng.random_range(HEADER_LEN as usize..last);
             let len = rng.random_range(1..=64).min(last - at);
             bad.drain(at..at + len);
-            (RotKind::Hole, at, format!("{len} bytes gone at {at} of {}", path.display()))
+            (
+                RotKind::Hole,
+                at,
+                format!("{len} bytes gone at {at} of {}", path.display()),
+            )
         }
         55..=69 => {
             let s = &stored[rng.random_range(0..stored.len())];
@@ -160,14 +170,14 @@ pub(super) fn rot_at_random(rng: &mut StableRng, fs: &SimFs, dir: &Path) -> Opti
                 kind: RotKind::TailZeros,
                 at,
                 first_lost: first,
-                detail: format!("zeros over the last {entries} entries of {} from byte {at}", path.display()),
+                detail: format!(
+                    "zeros over the last {entries} entries of {} from byte {at}",
+                    path.display()
+                ),
             });
         }
     };
-    let first_lost = stored
-        .iter()
-        .find(|s| at < s.pos + s.len)
-        .map(|s| s.index);
+    let first_lost = stored.iter().find(|s| at < s.pos + s.len).map(|s| s.index);
     fs.rot(&path, |b| *b = bad);
     Some(Rotted {
         kind,

@@ -1,6 +1,6 @@
-//! Group APIs on a broker that is not (or not yet) the coordinator in cluster mode: every
-//! group is answered NOT_COORDINATOR (COORDINATOR_LOAD_IN_PROGRESS while this broker is
-//! rebuilding its view as the new coordinator), so clients look the coordinator up again.
+//! Group APIs on a broker that is not (or not yet) the coordinator: every group is answered
+//! NOT_COORDINATOR (COORDINATOR_LOAD_IN_PROGRESS while this broker is catching up as the new
+//! coordinator), so clients look the coordinator up again.
 
 use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
 use kafka_protocol::messages::describe_groups_response::DescribedGroup;
@@ -8,10 +8,11 @@ use kafka_protocol::messages::offset_commit_response::{
     OffsetCommitResponsePartition, OffsetCommitResponseTopic,
 };
 use kafka_protocol::messages::offset_fetch_response::OffsetFetchResponseGroup;
+use kafka_protocol::messages::ResponseKind;
 use kafka_protocol::messages::{
     DeleteGroupsResponse, DescribeGroupsResponse, HeartbeatResponse, JoinGroupResponse,
     LeaveGroupResponse, ListGroupsResponse, OffsetCommitResponse, OffsetFetchResponse, RequestKind,
-    ResponseKind, SyncGroupResponse,
+    SyncGroupResponse,
 };
 use kafka_protocol::ResponseError;
 
