@@ -182,12 +182,12 @@ def test_commit_metadata_round_trips_and_survives_kill9(make_broker, monkeypatch
 
 def test_committed_offsets_survive_kill9_during_compaction(make_broker, monkeypatch):
     """Commits in a loop while the broker is kill -9ed at random moments, with the offsets log
-    compacting every few dozen commits. After every restart the committed offsets are the last
-    acknowledged ones (or a later attempt): the store came back as the old log or the new one."""
+    table snapshotted every few dozen commits. After every restart the committed offsets are the
+    last acknowledged ones (or a later attempt): the snapshot and the log after it lose nothing."""
     seed = int(time.time())
     rng = random.Random(seed)
     broker = start_group_broker(make_broker, monkeypatch, offsets_compact_min_records=40,
-                                offsets_compact_ratio=2, group_check_interval_ms=10)
+                                group_check_interval_ms=10)
     topic, group, partitions = "compact", "compactors", 4
     create_topic(broker, topic, partitions)
     produce_numbered(broker, topic, partitions, 2000)
