@@ -73,7 +73,7 @@ def test_slow_consumer_is_warned_before_retention_deletes_its_data(make_broker, 
     text = broker.log_text()
     warn_at = re.search(r"group offset near retention.* group=slow", text).start()
     deletions = [(m.start(), int(m.group(1)))
-                 for m in re.finditer(r"retention deleted segments.*log_start_offset=(\d+)", text)]
+                 for m in re.finditer(r"retention moved the log start.*log_start_offset=(\d+)", text)]
     passed = [pos for pos, start in deletions if start > committed_at_warn]
     assert passed, "retention never passed the committed offset"
     assert warn_at < passed[0], "the warning was logged after the data was deleted"

@@ -274,9 +274,10 @@ impl BrokerConfig {
                 "max_connections and max_in_flight_per_connection must be at least 1".into(),
             );
         }
-        if self.log.segment_bytes < 8192 {
+        if self.log.segment_bytes < crate::topic_config::SEGMENT_BYTES_MIN {
             return Err(format!(
-                "log.segment_bytes must be at least 8192, got {}",
+                "log.segment_bytes must be at least {}, got {}",
+                crate::topic_config::SEGMENT_BYTES_MIN,
                 self.log.segment_bytes
             ));
         }

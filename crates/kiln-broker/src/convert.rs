@@ -4,7 +4,8 @@
 //! `topics/<name>/<partition>/<base offset>.log` (RecordBatch v2 bytes, one batch after another)
 //! and the committed offsets as `internal/consumer-offsets/log-N/`. They become single-replica
 //! Raft groups of the current layout: every topic a creation in the metadata log (same id,
-//! same overrides), every partition a log of its batches (same offsets), the committed offsets
+//! same overrides), every partition a log of its batches (same offsets: the new log starts at
+//! the old one's first offset), the committed offsets
 //! one entry of the offsets group. The new groups are written under `replicas.converting/` and
 //! renamed to `replicas/` in one step; only then are `topics/` and `internal/` moved, whole and
 //! untouched, into `legacy-layout/` (removing them is the operator's choice, once satisfied).
@@ -100,7 +101,7 @@ pub fn run(
             )
         })?;
         for p in 0..old.partitions {
-            let batches = old_batches(&dir.join(p.to_string()))?;
+            let OldLog { batches, first_offset } = old_batches(&dir.join(p.to_string()))?;
             let count = batches.len();
             let target = converting.join(old.id.to_string()).join(p.to_string());
             let written = kiln_raft::bootstrap::write_single_replica_group(
@@ -108,10 +109,11 @@ pub fn run(
                 &target,
                 node,
                 LogConfig::default(),
+                first_offset,
                 false,
                 join_entries(batches),
             )?;
-            tracing::info!(topic = %name, partition = p, batches = count, entries = written, "partition converted");
+            tracing::info!(topic = %name, partition = p, batches = count, entries = written, first_offset, "partition converted");
         }
         commands.push(Command::CreateTopic {
             name: name.clone(),
@@ -131,6 +133,7 @@ pub fn run(
         &converting.join("__cluster_metadata"),
         node,
         LogConfig::default(),
+        0,
         true,
         meta_payloads,
     )?;
@@ -148,6 +151,7 @@ pub fn run(
         &converting.join("__consumer_offsets"),
         node,
         LogConfig::default(),
+        0,
         true,
         offset_payloads,
     )?;
@@ -191,18 +195,41 @@ fn refuse_old_cluster_layout(replicas: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every whole, CRC-valid batch of an old partition directory, in offset order; a torn tail is
-/// left out, as the old recovery did.
-fn old_batches(dir: &Path) -> anyhow::Result<Vec<Bytes>> {
+/// What an old partition directory holds.
+struct OldLog {
+    /// Every whole, CRC-valid batch, in offset order.
+    batches: Vec<Bytes>,
+    /// The offset of the first batch; with none, the base offset of the last segment (what the
+    /// next record would have taken). Retention may have moved it above 0.
+    first_offset: i64,
+}
+
+/// Reads an old partition directory; a torn tail is left out, as the old recovery did.
+fn old_batches(dir: &Path) -> anyhow::Result<OldLog> {
     let mut logs: Vec<PathBuf> = match fs::read_dir(dir) {
         Ok(entries) => entries
             .filter_map(Result::ok)
             .map(|e| e.path())
             .filter(|p| p.extension().is_some_and(|x| x == "log"))
             .collect(),
-        Err(_) => return Ok(Vec::new()),
+        Err(_) => {
+            return Ok(OldLog {
+                batches: Vec::new(),
+                first_offset: 0,
+            })
+        }
     };
     logs.sort();
+    let last_base = match logs.last() {
+        None => 0,
+        Some(path) => path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .and_then(|s| s.parse::<i64>().ok())
+            .with_context(|| {
+                format!("{}: an old segment is named by its base offset", path.display())
+            })?,
+    };
     let mut out = Vec::new();
     let mut next: Option<i64> = None;
     for path in logs {
@@ -237,7 +264,16 @@ fn old_batches(dir: &Path) -> anyhow::Result<Vec<Bytes>> {
             at += len;
         }
     }
-    Ok(out)
+    let first_offset = match out.first() {
+        Some(b) => kiln_log::BatchHeader::parse(b)
+            .map(|h| h.base_offset)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?,
+        None => last_base,
+    };
+    Ok(OldLog {
+        batches: out,
+        first_offset,
+    })
 }
 
 /// Old batches joined into entries of up to [`ENTRY_BYTES_MAX`].
@@ -278,9 +314,9 @@ fn old_offsets(
         return Ok(Vec::new());
     };
     let generation = current.trim();
-    let batches = old_batches(&dir.join(format!("log-{generation}")))?;
+    let old = old_batches(&dir.join(format!("log-{generation}")))?;
     let mut latest = BTreeMap::new();
-    for b in batches {
+    for b in old.batches {
         offsets::replay_into(b, &mut latest);
     }
     Ok(latest.into_iter().map(|(k, v)| (k, Some(v))).collect())

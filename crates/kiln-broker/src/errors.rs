@@ -17,7 +17,6 @@ pub fn log_error_code(error: &LogError) -> ResponseError {
         | LogError::DiskFull { .. }
         | LogError::Io { .. }
         | LogError::Poisoned(_)
-        | LogError::Closed
         | LogError::OutOfOrder(_) => ResponseError::KafkaStorageError,
     }
 }

@@ -45,10 +45,15 @@ pub async fn apply_once(broker: &Broker) {
             else {
                 continue;
             };
+            let kiln_raft::Command::LogStart {
+                kafka_offset: log_start_offset,
+                index: through_index,
+                ..
+            } = command;
             let receiver = replica.proposer().submit_command(command);
             match tokio::time::timeout(PROPOSE_WAIT, receiver).await {
                 Ok(Ok(Ok(_))) => {
-                    tracing::info!(topic = %topic.name, partition = index, ?command, "retention moved the log start")
+                    tracing::info!(topic = %topic.name, partition = index, log_start_offset, through_index, "retention moved the log start")
                 }
                 Ok(Ok(Err(e))) => {
                     tracing::warn!(topic = %topic.name, partition = index, error = %e, "retention's log start was not committed")

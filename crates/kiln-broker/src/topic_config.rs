@@ -4,6 +4,10 @@ use std::collections::BTreeMap;
 
 use crate::config::LogSettings;
 
+/// The smallest segment a partition may have: a segment's 4 KiB header plus room for its
+/// entries (kiln-log refuses less than the header and one batch).
+pub const SEGMENT_BYTES_MIN: u64 = 8192;
+
 /// Kafka's own limit, kept so names stay portable to a Kafka cluster.
 pub const TOPIC_NAME_LEN_MAX: usize = 249;
 
@@ -93,8 +97,11 @@ pub fn resolve(
             "retention.bytes" => log.retention_bytes = limit()?,
             "segment.bytes" => {
                 let n = positive()?;
-                if !(1024..=u32::MAX as u64).contains(&n) {
-                    return Err(format!("segment.bytes={n} must be between 1024 and {}", u32::MAX));
+                if !(SEGMENT_BYTES_MIN..=u64::from(u32::MAX)).contains(&n) {
+                    return Err(format!(
+                        "segment.bytes={n} must be between {SEGMENT_BYTES_MIN} and {}",
+                        u32::MAX
+                    ));
                 }
                 log.segment_bytes = n;
             }
@@ -145,6 +152,10 @@ mod tests {
         let s = resolve(&defaults, 100, &o).expect("valid");
         assert_eq!(s.log.retention_ms, -1);
         assert_eq!(s.log.segment_bytes, 1048576);
+        let mut small = BTreeMap::new();
+        small.insert("segment.bytes".to_string(), "4096".to_string());
+        let refused = resolve(&LogSettings::default(), 1 << 20, &small).err().unwrap_or_default();
+        assert!(refused.contains("between 8192"), "{refused}");
 
         o.insert("retention.ms".to_string(), "soon".to_string());
         assert!(resolve(&defaults, 100, &o)

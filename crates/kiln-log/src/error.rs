@@ -27,7 +27,9 @@ pub enum LogError {
         position: u64,
         reason: String,
     },
-    /// ENOSPC on write. The partial write was cut back; the log is still usable.
+    /// ENOSPC or EDQUOT on a write or fsync ([`crate::fs::is_disk_full`]). The partial write
+    /// was cut back (or, for an fsync, the caller cuts back with `rewind_unsynced`); the log is
+    /// still usable.
     #[error("disk full writing {}; the partial write was cut back", path.display())]
     DiskFull { path: PathBuf },
     #[error("{op} {}: {source}", path.display())]
@@ -41,8 +43,6 @@ pub enum LogError {
     /// (PostgreSQL's "fsyncgate"), so the log refuses appends until it is reopened and recovered.
     #[error("log is poisoned and refuses appends until reopened: {0}")]
     Poisoned(String),
-    #[error("log is closed")]
-    Closed,
     /// The caller broke the log's order (an entry out of sequence, a term going back, a cut
     /// below the start): a bug upstream, reported rather than absorbed.
     #[error("log order violated: {0}")]
@@ -50,15 +50,23 @@ pub enum LogError {
 }
 
 impl LogError {
-    /// Builds a closure for `map_err` that wraps an `io::Error` with the operation and path.
+    /// Builds a closure for `map_err` that wraps an `io::Error` with the operation and path; a
+    /// full disk becomes [`LogError::DiskFull`] wherever it is met (segment, index, header).
     pub(crate) fn io<'a>(
         op: &'static str,
         path: &'a Path,
     ) -> impl FnOnce(std::io::Error) -> LogError + 'a {
-        move |source| LogError::Io {
-            op,
-            path: path.to_path_buf(),
-            source,
+        move |source| {
+            if crate::fs::is_disk_full(&source) {
+                return LogError::DiskFull {
+                    path: path.to_path_buf(),
+                };
+            }
+            LogError::Io {
+                op,
+                path: path.to_path_buf(),
+                source,
+            }
         }
     }
 }

@@ -202,6 +202,16 @@ impl Fs for RealFs {
     }
 }
 
+/// Linux's ENOSPC and EDQUOT.
+const ENOSPC: i32 = 28;
+const EDQUOT: i32 = 122;
+
+/// True for "no space left on device" and "disk quota exceeded": the errors a full disk gives,
+/// which the log reports as [`crate::LogError::DiskFull`] and callers wait out.
+pub fn is_disk_full(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::StorageFull || matches!(e.raw_os_error(), Some(ENOSPC | EDQUOT))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

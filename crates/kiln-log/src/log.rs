@@ -292,9 +292,7 @@ impl Log {
     /// dropped the pages, so a retried fsync alone could claim data it lost); anything else
     /// poisons the log.
     fn sync_failed(&self, e: std::io::Error, what: &str) -> LogError {
-        let full = e.kind() == std::io::ErrorKind::StorageFull
-            || matches!(e.raw_os_error(), Some(28 | 122));
-        if full {
+        if crate::fs::is_disk_full(&e) {
             return LogError::DiskFull {
                 path: PathBuf::from(what),
             };
@@ -474,11 +472,6 @@ impl Log {
                     seg.path.display(),
                     end.len
                 )));
-            }
-            if e.kind() == std::io::ErrorKind::StorageFull {
-                return Err(LogError::DiskFull {
-                    path: seg.path.clone(),
-                });
             }
             return Err(LogError::io("write segment", &seg.path)(e));
         }
@@ -1103,6 +1096,15 @@ impl Log {
     /// The first data batch whose max timestamp is >= `ts_ms`, below Kafka offset `max_offset`
     /// (batch granularity; the broker refines to a record).
     pub fn lookup_timestamp(
+        &self,
+        ts_ms: i64,
+        max_offset: i64,
+    ) -> Result<Option<TimestampLookup>, LogError> {
+        self.lookup_timestamp_inner(ts_ms, max_offset)
+            .map_err(|e| self.noticed(e))
+    }
+
+    fn lookup_timestamp_inner(
         &self,
         ts_ms: i64,
         max_offset: i64,

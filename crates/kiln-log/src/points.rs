@@ -43,8 +43,10 @@ impl PointBuilder {
             self.since_offset_point = 0;
         }
         self.since_offset_point += len;
-        seg.observe_ts(h.max_timestamp);
+        // Control batches carry the time they were appended, not a producer's: a retention
+        // command or a leader's blank entry must not make an old segment look new.
         if !h.is_control() {
+            seg.observe_ts(h.max_timestamp);
             let max = seg
                 .time_index_max
                 .load(std::sync::atomic::Ordering::Acquire);

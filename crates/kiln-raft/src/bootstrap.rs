@@ -1,6 +1,7 @@
 //! Writing a single-replica group offline: what taking in data of an older layout needs (the
-//! broker's `convert`). The group's log gets its membership (this node alone), a blank entry of
-//! term 1 and then the given payloads, all in term 1; its vote is this node's in term 1; a data
+//! broker's `convert`). The group's log starts at the given Kafka offset (an old partition
+//! whose retention had removed its first records keeps its offsets) and gets its membership
+//! (this node alone), a blank entry of term 1 and then the given payloads, all in term 1; its vote is this node's in term 1; a data
 //! group's state says it applied everything (its high watermark is the log end at once), a
 //! table group's that it applied nothing (its table is rebuilt by applying the log when the
 //! replica first leads).
@@ -21,16 +22,18 @@ use crate::record::{encode_membership, encode_state_pair, VoteState};
 use crate::state::GroupState;
 use crate::types::{LogId, NodeId, Vote};
 
-/// Entries written per append (and so per fsync) while bootstrapping.
+/// Entries written per append call while bootstrapping (the log is fsynced once, on close).
 const ENTRIES_PER_APPEND: usize = 256;
 
 /// Writes a single-replica group for `node` into the empty directory `dir` (see the module
-/// docs). `table`: the group is a table group. Returns the number of payload entries.
+/// docs). `first_kafka`: the Kafka offset of the first record. `table`: the group is a table
+/// group. Returns the number of payload entries.
 pub fn write_single_replica_group(
     fs: Arc<dyn Fs>,
     dir: &Path,
     node: NodeId,
     log: LogConfig,
+    first_kafka: i64,
     table: bool,
     payloads: impl IntoIterator<Item = Payload>,
 ) -> io::Result<u64> {
@@ -40,6 +43,12 @@ pub fn write_single_replica_group(
             "{} already holds a log; a group is only written into an empty directory",
             dir.display()
         )));
+    }
+    if first_kafka < 0 {
+        return Err(io::Error::other(format!("first Kafka offset {first_kafka} is negative")));
+    }
+    if first_kafka > 0 {
+        log.reset(0, first_kafka, 0).map_err(io::Error::other)?;
     }
     let membership = Membership::new(vec![BTreeSet::from([node])], BTreeSet::from([node]));
     let mut m = Vec::new();

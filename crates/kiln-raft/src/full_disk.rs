@@ -20,14 +20,7 @@ use crate::guard::ReplicaHealth;
 const BACKOFF_FIRST: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 
-/// Linux's ENOSPC and EDQUOT.
-const ENOSPC: i32 = 28;
-const EDQUOT: i32 = 122;
-
-/// True for "no space left on device" and "disk quota exceeded".
-pub fn is_disk_full(e: &io::Error) -> bool {
-    e.kind() == io::ErrorKind::StorageFull || matches!(e.raw_os_error(), Some(ENOSPC | EDQUOT))
-}
+pub use kiln_log::fs::is_disk_full;
 
 /// One write's wait for space: logs once when it starts and once when it ends, and keeps the
 /// replica's disk-full flag up meanwhile (also if the write is abandoned, e.g. at shutdown).

@@ -405,13 +405,17 @@ impl ReplicatedPartition {
             self.store
                 .log()
                 .retention_point(now_ms, retention_ms, retention_bytes, applied)?;
-        let term = self
+        let read = self
             .store
             .log()
-            .read_entries(index, index + 1, 0, kiln_log::ReadMode::Summary)
-            .ok()?
-            .first()?
-            .term;
+            .read_entries(index, index + 1, 0, kiln_log::ReadMode::Summary);
+        let term = match read {
+            Ok(entries) => entries.first()?.term,
+            Err(e) => {
+                tracing::error!(dir = %self.dir().display(), index, error = %e, "retention cannot read the entry it would start after; not moving the log start");
+                return None;
+            }
+        };
         Some(Command::LogStart {
             index,
             term,

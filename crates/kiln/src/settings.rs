@@ -184,10 +184,6 @@ mod tests {
                     c.metrics_address().unwrap(),
                     Some("0.0.0.0:9644".parse().unwrap())
                 );
-                assert_eq!(
-                    c.log.flush_interval_ms, 0,
-                    "{name} must keep fsync-before-ack"
-                );
                 brokers += 1;
             } else {
                 let c = kiln_agent::AgentConfig::load(&path)

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kiln_log::fs::{Fs, FsFile, RealFs, SyncFuture};
+use kiln_log::LogConfig;
 use kiln_raft::log_store::LogRecovery;
 use kiln_raft::net::{serve, GroupTable, PeerAddrs, TcpNetwork};
 use kiln_raft::partition::raft_config;
@@ -118,14 +119,24 @@ pub async fn start_broker(
     listener: TcpListener,
     peers: &PeerAddrs,
 ) -> Broker {
+    start_broker_with(id, dir, listener, peers, LogConfig::default()).await
+}
+
+/// As [`start_broker`], with the log settings `log`.
+pub async fn start_broker_with(
+    id: NodeId,
+    dir: &Path,
+    listener: TcpListener,
+    peers: &PeerAddrs,
+    log: LogConfig,
+) -> Broker {
     std::fs::create_dir_all(dir).unwrap();
     let full = Arc::new(AtomicBool::new(false));
     let fs = Arc::new(FullableFs { full: full.clone() });
     let network = TcpNetwork::new(GROUP, peers.clone(), Duration::from_millis(500));
-    let (replica, recovery) = ReplicatedPartition::start(
-        StartOptions::data(id, raft_config(50, 150, 300), fs, dir),
-        network,
-    )
+    let mut opts = StartOptions::data(id, raft_config(50, 150, 300), fs, dir);
+    opts.log = log;
+    let (replica, recovery) = ReplicatedPartition::start(opts, network)
     .await
     .unwrap();
     let table = GroupTable::new();
@@ -156,12 +167,21 @@ pub async fn listeners(addrs: Option<&PeerAddrs>) -> (Vec<TcpListener>, PeerAddr
 
 /// Starts three brokers under `root` (new, or restarted on their files and addresses).
 pub async fn start_cluster(root: &Path, addrs: Option<&PeerAddrs>) -> (Vec<Broker>, PeerAddrs) {
+    start_cluster_with(root, addrs, LogConfig::default()).await
+}
+
+/// As [`start_cluster`], with the log settings `log`.
+pub async fn start_cluster_with(
+    root: &Path,
+    addrs: Option<&PeerAddrs>,
+    log: LogConfig,
+) -> (Vec<Broker>, PeerAddrs) {
     let (listeners, peers) = listeners(addrs).await;
     let mut brokers = Vec::new();
     for (i, listener) in listeners.into_iter().enumerate() {
         let id = i as u64 + 1;
         let dir = root.join(format!("broker-{id}"));
-        brokers.push(start_broker(id, &dir, listener, &peers).await);
+        brokers.push(start_broker_with(id, &dir, listener, &peers, log.clone()).await);
         // Replicas started in the same millisecond tick in phase and split votes (see
         // tests/net.rs); brokers never start together.
         tokio::time::sleep(Duration::from_millis(25)).await;
