@@ -101,7 +101,10 @@ pub fn run(
             )
         })?;
         for p in 0..old.partitions {
-            let OldLog { batches, first_offset } = old_batches(&dir.join(p.to_string()))?;
+            let OldLog {
+                batches,
+                first_offset,
+            } = old_batches(&dir.join(p.to_string()))?;
             let count = batches.len();
             let target = converting.join(old.id.to_string()).join(p.to_string());
             let written = kiln_raft::bootstrap::write_single_replica_group(
@@ -115,10 +118,11 @@ pub fn run(
             )?;
             tracing::info!(topic = %name, partition = p, batches = count, entries = written, first_offset, "partition converted");
         }
+        let overrides = accepted_overrides(&name, old.overrides);
         commands.push(Command::CreateTopic {
             name: name.clone(),
             id: old.id,
-            overrides: old.overrides,
+            overrides,
             assignments: (0..old.partitions).map(|_| vec![node_id]).collect(),
         });
     }
@@ -195,6 +199,30 @@ fn refuse_old_cluster_layout(replicas: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The old topic's overrides that this version accepts. One it refuses (the older layout
+/// allowed 1 KiB segments, which no longer hold a segment header and a batch) is left out with
+/// a warning, so the topic takes the broker default for it and keeps the others (its
+/// retention above all).
+fn accepted_overrides(
+    topic: &str,
+    overrides: BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let defaults = crate::LogSettings::default();
+    overrides
+        .into_iter()
+        .filter(|(key, value)| {
+            let one = BTreeMap::from([(key.clone(), value.clone())]);
+            match crate::topic_config::resolve(&defaults, usize::MAX, &one) {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::warn!(%topic, %key, %value, error = %e, "an override of the older layout is no longer accepted; the topic takes the broker's setting for it");
+                    false
+                }
+            }
+        })
+        .collect()
+}
+
 /// What an old partition directory holds.
 struct OldLog {
     /// Every whole, CRC-valid batch, in offset order.
@@ -227,7 +255,10 @@ fn old_batches(dir: &Path) -> anyhow::Result<OldLog> {
             .and_then(|s| s.to_str())
             .and_then(|s| s.parse::<i64>().ok())
             .with_context(|| {
-                format!("{}: an old segment is named by its base offset", path.display())
+                format!(
+                    "{}: an old segment is named by its base offset",
+                    path.display()
+                )
             })?,
     };
     let mut out = Vec::new();

@@ -154,7 +154,9 @@ mod tests {
         assert_eq!(s.log.segment_bytes, 1048576);
         let mut small = BTreeMap::new();
         small.insert("segment.bytes".to_string(), "4096".to_string());
-        let refused = resolve(&LogSettings::default(), 1 << 20, &small).err().unwrap_or_default();
+        let refused = resolve(&LogSettings::default(), 1 << 20, &small)
+            .err()
+            .unwrap_or_default();
         assert!(refused.contains("between 8192"), "{refused}");
 
         o.insert("retention.ms".to_string(), "soon".to_string());

@@ -45,7 +45,9 @@ pub fn write_single_replica_group(
         )));
     }
     if first_kafka < 0 {
-        return Err(io::Error::other(format!("first Kafka offset {first_kafka} is negative")));
+        return Err(io::Error::other(format!(
+            "first Kafka offset {first_kafka} is negative"
+        )));
     }
     if first_kafka > 0 {
         log.reset(0, first_kafka, 0).map_err(io::Error::other)?;

@@ -54,7 +54,13 @@ async fn a_stale_leader_cannot_truncate_a_replica_that_lost_its_vote_record() {
         brokers[r].replica.high_watermark() == 30
     })
     .await;
-    let last = brokers[r].replica.raft().metrics().borrow().last_log_index.unwrap();
+    let last = brokers[r]
+        .replica
+        .raft()
+        .metrics()
+        .borrow()
+        .last_log_index
+        .unwrap();
 
     // R stops, and its vote file loses every save (zeros over the whole file).
     for b in brokers.iter().filter(|b| b.id != stale_id) {
@@ -68,7 +74,11 @@ async fn a_stale_leader_cannot_truncate_a_replica_that_lost_its_vote_record() {
     let listener = tokio::net::TcpListener::bind(&peers[&r_id]).await.unwrap();
     let home = dir.path().join(format!("broker-{r_id}"));
     let restarted = start_broker(r_id, &home, listener, &peers).await;
-    assert_eq!(restarted.recovery.vote.records, 0, "{:?}", restarted.recovery.vote);
+    assert_eq!(
+        restarted.recovery.vote.records, 0,
+        "{:?}",
+        restarted.recovery.vote
+    );
     let replica = &restarted.replica;
 
     // The stale leader's AppendEntries: an empty log before it, so everything R holds would
@@ -90,7 +100,10 @@ async fn a_stale_leader_cannot_truncate_a_replica_that_lost_its_vote_record() {
         .vote(VoteRequest::new(Vote::new(stale_term, stale_id), None))
         .await
         .unwrap();
-    assert!(!vote.vote_granted, "granted a vote in a stale term: {vote:?}");
+    assert!(
+        !vote.vote_granted,
+        "granted a vote in a stale term: {vote:?}"
+    );
     tokio::time::sleep(Duration::from_millis(200)).await;
     let after = replica.raft().metrics().borrow().last_log_index;
     assert_eq!(after, Some(last), "R's log was cut");

@@ -70,7 +70,9 @@ async fn a_follower_stopped_while_retention_removed_what_it_lacked_catches_up_fr
     }
     let caught_up = acked.len() as i64;
     wait_until("every replica to hold the first records", || {
-        brokers.iter().all(|b| b.replica.high_watermark() == caught_up)
+        brokers
+            .iter()
+            .all(|b| b.replica.high_watermark() == caught_up)
     })
     .await;
     brokers[lagging].stop().await;
@@ -86,8 +88,14 @@ async fn a_follower_stopped_while_retention_removed_what_it_lacked_catches_up_fr
     let command = leader
         .retention_command(now_ms(), Some(86_400_000), None)
         .expect("closed segments past retention");
-    let kiln_raft::Command::LogStart { kafka_offset: start, .. } = command;
-    assert!(start > caught_up, "retention passes what the stopped follower holds: {start}");
+    let kiln_raft::Command::LogStart {
+        kafka_offset: start,
+        ..
+    } = command;
+    assert!(
+        start > caught_up,
+        "retention passes what the stopped follower holds: {start}"
+    );
     leader.propose(command).await.unwrap();
     let live: Vec<&Broker> = brokers.iter().filter(|b| b.id != lagging_id).collect();
     wait_until("the live replicas to move their log start", || {
@@ -95,8 +103,12 @@ async fn a_follower_stopped_while_retention_removed_what_it_lacked_catches_up_fr
     })
     .await;
     wait_until("the live replicas to delete the segments below it", || {
-        live.iter()
-            .all(|b| b.replica.segments().first().is_some_and(|s| s.base_kafka > caught_up))
+        live.iter().all(|b| {
+            b.replica
+                .segments()
+                .first()
+                .is_some_and(|s| s.base_kafka > caught_up)
+        })
     })
     .await;
     // Below the start is out of range; at the start the records are there.
@@ -108,8 +120,11 @@ async fn a_follower_stopped_while_retention_removed_what_it_lacked_catches_up_fr
     // The follower comes back: what it lacked is gone from every log, so it installs the
     // leader's snapshot (the start offset) and follows from there.
     let dir = brokers[lagging].dir.clone();
-    let listener = tokio::net::TcpListener::bind(&peers[&lagging_id]).await.unwrap();
-    brokers[lagging] = start_broker_with(lagging_id, &dir, listener, &peers, small_segments()).await;
+    let listener = tokio::net::TcpListener::bind(&peers[&lagging_id])
+        .await
+        .unwrap();
+    brokers[lagging] =
+        start_broker_with(lagging_id, &dir, listener, &peers, small_segments()).await;
     let back = &brokers[lagging].replica;
     wait_until("the follower to catch up", || {
         back.high_watermark() == end && back.log_start_offset() == start
@@ -118,7 +133,10 @@ async fn a_follower_stopped_while_retention_removed_what_it_lacked_catches_up_fr
     // Its own copy starts at the new start (its old segments are gone, nothing of the gap was
     // invented), and it holds every acknowledged record from there, as the leader does.
     let first = back.segments().first().map(|s| s.base_kafka).unwrap();
-    assert_eq!(first, start, "the follower's log was reset to the snapshot's start");
+    assert_eq!(
+        first, start,
+        "the follower's log was reset to the snapshot's start"
+    );
     let want: BTreeMap<i64, Vec<u8>> = acked.range(start..).map(|(k, v)| (*k, v.clone())).collect();
     assert_eq!(records_from(&leader, start), want);
     let from_follower = {

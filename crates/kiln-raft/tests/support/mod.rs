@@ -136,9 +136,7 @@ pub async fn start_broker_with(
     let network = TcpNetwork::new(GROUP, peers.clone(), Duration::from_millis(500));
     let mut opts = StartOptions::data(id, raft_config(50, 150, 300), fs, dir);
     opts.log = log;
-    let (replica, recovery) = ReplicatedPartition::start(opts, network)
-    .await
-    .unwrap();
+    let (replica, recovery) = ReplicatedPartition::start(opts, network).await.unwrap();
     let table = GroupTable::new();
     table.insert_replica(GROUP, &replica);
     let server = tokio::spawn(serve(listener, Arc::new(table)));
