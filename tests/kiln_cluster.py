@@ -298,9 +298,9 @@ class Cluster:
 
     def topic_id(self, topic: str, node_id: int | None = None) -> str:
         """The topic's id (the directory under `data_dir/replicas/` that holds its
-        partitions), from the last "topic created" line a node logged for that name (a topic
+        partitions), from the last "topic open" line a node logged for that name (a topic
         deleted and created again has a new id)."""
-        pattern = re.compile(r"topic created topic=(\S+) id=(\S+)")
+        pattern = re.compile(r"topic open topic=(\S+) id=(\S+)")
         for i in [node_id] if node_id is not None else self.ids:
             ids = [m.group(2) for m in pattern.finditer(self.nodes[i].log_text())
                    if m.group(1) == topic]
@@ -309,7 +309,7 @@ class Cluster:
         raise AssertionError(f"no node logged the creation of topic {topic}\n{self.log_tail()}")
 
     def replica_dir(self, node_id: int, topic: str, partition: int) -> Path:
-        """Where a node keeps its replica of topic/partition (`raft.log`, `vote`)."""
+        """Where a node keeps its replica of topic/partition (its log segments, `vote`, `state`)."""
         return self.nodes[node_id].data_dir / "replicas" / self.topic_id(topic) / str(partition)
 
     def epoch_conflicts(self) -> dict[tuple[str, int, int], set[int]]:

@@ -1,7 +1,9 @@
 """Malformed and hostile input on raw sockets (no client library).
 
 After every bad input the broker must still be alive, answer a normal client
-on a new connection, and serve the data it acknowledged before.
+on a new connection, and serve the data it acknowledged before. Each test runs
+against a broker of one and against the partition leader of a three-broker
+cluster.
 Request bytes are built by hand in tests/kafka_raw.py.
 """
 
@@ -15,16 +17,34 @@ import time
 import pytest
 
 import kafka_raw as kr
+from kiln_cluster import Cluster
 from kiln_testlib import Delivered, create_topic, flush_all, rdk_producer, read_partition, watermarks
 
 SEED_TOPIC = "acked"
 SEED_VALUES = [f"acked-{i}".encode() for i in range(20)]
 
 
-@pytest.fixture
-def seeded(broker):
-    """A broker holding 20 acks=all records in SEED_TOPIC/0."""
-    create_topic(broker, SEED_TOPIC, 1)
+@pytest.fixture(params=["one broker", "three brokers"])
+def seeded(request, make_broker, tmp_path):
+    """A broker holding 20 acks=all records in SEED_TOPIC/0: a broker of one, or the leader of
+    that partition in a three-broker cluster (replication factor 3), so every bad input below
+    meets a partition replicated on three brokers as well."""
+    if request.param == "one broker":
+        broker = make_broker()
+        create_topic(broker, SEED_TOPIC, 1)
+    else:
+        cluster = Cluster(tmp_path / "cluster")
+        request.node.kiln_brokers = [cluster.nodes[i] for i in cluster.ids]
+        def close():
+            died = cluster.close()
+            if died:
+                pytest.fail("kiln broker died during the test: " + "; ".join(died), pytrace=False)
+
+        request.addfinalizer(close)
+        cluster.start_all()
+        cluster.create_topic(SEED_TOPIC, 1)
+        leader, _ = cluster.wait_leader(SEED_TOPIC, 0)
+        broker = cluster.node(leader)
     p = rdk_producer(broker, acks="all")
     d = Delivered()
     for v in SEED_VALUES:

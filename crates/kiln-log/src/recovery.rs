@@ -313,7 +313,15 @@ pub(crate) fn recover(fs: &dyn Fs, dir: &Path, config: &LogConfig) -> Result<Rec
                 position,
                 reason: reason.clone(),
             };
-            tracing::error!(?d, "log damaged: synced entries are lost and were cut; they must be refilled from a peer");
+            tracing::error!(
+                path = %d.path,
+                position = d.position,
+                first_lost_index = d.first_lost_index,
+                synced_through = ?d.synced_through,
+                bytes_cut = file_len.saturating_sub(scan.end.len),
+                reason = %d.reason,
+                "log damaged: synced entries are lost and were cut; they must be refilled from a peer"
+            );
             tail = LogTail::Damaged(d);
         } else {
             tracing::warn!(path = %seg.path.display(), position, bytes_cut = file_len - scan.end.len, %reason, "recovery cut a torn tail (writes no fsync covered)");

@@ -264,6 +264,7 @@ impl RaftSnapshotBuilder<KilnRaft> for StateMachine {
                     .save(shared.fs.as_ref(), &shared.dir)
                     .map_err(|e| StorageIOError::write_snapshot(None, AnyError::new(&e)))?;
                 inner.since_save = 0;
+                tracing::info!(dir = %shared.dir.display(), applied = ?applied.map(|a| a.index), bytes = bytes.len(), "table snapshot written; the log before it is purged");
                 (applied, encode_snapshot(inner.next_kafka, Some(&bytes)))
             }
         };
