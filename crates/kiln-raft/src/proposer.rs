@@ -58,6 +58,9 @@ impl Proposal {
 /// Cheap to clone; the proposing task ends when every clone is dropped.
 #[derive(Clone)]
 pub struct Proposer {
+    /// Unbounded here because `submit` must not wait (it runs while requests are dispatched in
+    /// order); the bound is the caller's: the broker has at most `max_connections` ×
+    /// `max_in_flight_per_connection` requests in flight, each at most `max_batch_bytes`.
     queue: mpsc::UnboundedSender<Proposal>,
 }
 
