@@ -1,4 +1,4 @@
-//! NIC checks on real node snapshots (shared/fixtures/sysfs, from facebookresearch/gcm):
+//! NIC checks on real node snapshots (fixtures/sysfs, from facebookresearch/gcm):
 //! each InfiniBand snapshot is laid out as a directory tree and read through a real
 //! shell, exactly as the agent reads /sys over SSH; Ethernet runs `ip -j` output through
 //! the ethernet step's command.

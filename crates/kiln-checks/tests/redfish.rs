@@ -1,12 +1,12 @@
 //! Redfish checks against a real emulator: `sushy-static` (sushy-tools, installed into
 //! .venv by scripts/install-test-deps) serving the DMTF public mockups in
-//! shared/fixtures/redfish. Each test starts its own emulator on a free loopback port and
+//! fixtures/redfish. Each test starts its own emulator on a free loopback port and
 //! kills it at the end. Client behaviour the emulator cannot show (basic and session auth,
 //! retries, timeouts) is tested against a small scripted HTTP server on loopback.
 //!
 //! Env: KILN_SUSHY_STATIC (path to sushy-static; default .venv/bin/sushy-static),
 //! KILN_ALLOW_NO_SUSHY=1 (skip the emulator tests instead of failing when it is missing),
-//! KILN_FIXTURES (shared/fixtures).
+//! (the mockups are read from the repository's fixtures/).
 
 mod common;
 

@@ -10,14 +10,12 @@ use kiln_checks::stress::{evaluate_dcgm, evaluate_gpu_burn, parse_dcgm_json, par
 use kiln_checks::{CheckContext, CheckResult, LocalShell, Playbook, Verdict};
 
 fn fixture_path(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
+    common::fixtures().join("kiln").join(name)
 }
 
 #[test]
 fn dcgm_passing_run_passes_and_counts_skips() {
-    let results = parse_dcgm_json(&common::own_fixture("dcgm-diag-r3-pass.json")).expect("parses");
+    let results = parse_dcgm_json(&common::own_fixture("dcgm3-diag-r3-pass.json")).expect("parses");
     // 9 deployment tests + 6 per-GPU tests on 2 GPUs.
     assert_eq!(results.len(), 9 + 6 * 2);
     let r = evaluate_dcgm("dcgm_diag", &results, false);
@@ -32,7 +30,7 @@ fn dcgm_passing_run_passes_and_counts_skips() {
 
 #[test]
 fn dcgm_failure_names_category_test_gpu_and_dcgm_text() {
-    let results = parse_dcgm_json(&common::own_fixture("dcgm-diag-r3-fail.json")).expect("parses");
+    let results = parse_dcgm_json(&common::own_fixture("dcgm3-diag-r3-fail.json")).expect("parses");
     let r = evaluate_dcgm("dcgm_diag", &results, false);
     assert_eq!(r.verdict, Verdict::Fail);
     assert_eq!(
@@ -91,7 +89,7 @@ async fn dcgm_step_parses_the_json_whatever_the_exit_code() {
     let r = run_one(
         &format!(
             "playbook: t\nchecks:\n - check: dcgm_diag\n   command: cat {}; exit 226\n",
-            fixture_path("dcgm-diag-r3-fail.json").display()
+            fixture_path("dcgm3-diag-r3-fail.json").display()
         ),
         2,
     )

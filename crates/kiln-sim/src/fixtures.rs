@@ -1,7 +1,7 @@
 //! The recorded data simulated nodes replay, loaded once per fleet and shared by every node:
 //! the DMTF `public-rackmount1` Redfish mockup (BSD-3-Clause, see fixtures/redfish/LICENSE.md),
-//! the gcm sysfs and `ip -j` snapshots (MIT, see fixtures/sysfs/LICENSE), and the hand-written
-//! H100 probe recording in `data/` (the same file as kiln-checks' test fixture).
+//! the gcm sysfs and `ip -j` snapshots (MIT, see fixtures/sysfs/LICENSE), and the H100 probe
+//! recording in fixtures/kiln (the one kiln-checks' tests read).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -11,7 +11,7 @@ use kiln_checks::RecordedGpus;
 use serde_json::Value;
 
 const MOCKUP: &str = "redfish/public-rackmount1";
-const PROBE_H100: &str = include_str!("../data/probe-h100.json");
+const PROBE_H100: &str = include_str!("../../../fixtures/kiln/probe-h100-healthy.json");
 
 pub struct Fixtures {
     /// Redfish path (`/redfish/v1/...`, no trailing slash) -> document.
@@ -27,9 +27,9 @@ pub struct Fixtures {
     pub probe: RecordedGpus,
 }
 
-/// `KILN_FIXTURES`, else `explicit`, else this crate's `fixtures/` (the copies the fleet
-/// needs, each with its LICENSE and SOURCE, so `kiln sim` and `kiln demo` work from a bare
-/// checkout), else `../shared/fixtures` from the repository root or the working directory.
+/// `KILN_FIXTURES`, else `explicit`, else the repository's `fixtures/` (each recording with
+/// its LICENSE and SOURCE, so `kiln sim` and `kiln demo` work from a bare checkout). Nothing
+/// outside the checkout is looked at.
 pub fn locate(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Ok(p) = std::env::var("KILN_FIXTURES") {
         return Ok(PathBuf::from(p));
@@ -37,25 +37,13 @@ pub fn locate(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(p) = explicit {
         return Ok(p.to_path_buf());
     }
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let candidates = [
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures"),
-        repo.join("../shared/fixtures"),
-        PathBuf::from("../shared/fixtures"),
-        PathBuf::from("shared/fixtures"),
-    ];
-    for c in &candidates {
-        if c.join(MOCKUP).is_dir() {
-            return Ok(c.clone());
-        }
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+    if dir.join(MOCKUP).is_dir() {
+        return Ok(dir);
     }
     bail!(
-        "cannot find the shared fixtures (looked in {}); set KILN_FIXTURES or --fixtures",
-        candidates
-            .iter()
-            .map(|c| c.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
+        "cannot find the fixtures at {} (the repository's fixtures/); set KILN_FIXTURES or --fixtures",
+        dir.display()
     )
 }
 

@@ -204,8 +204,8 @@ pub struct FleetSpec {
     /// firmware-drift, sel-critical or flaky:2), drawn with `seed`.
     pub fault_rate: f64,
     pub seed: u64,
-    /// The shared fixtures (`redfish/`, `sysfs/`); default: `KILN_FIXTURES`, else
-    /// `../shared/fixtures` from the repository root or the working directory.
+    /// The fixtures (`redfish/`, `sysfs/`, `kiln/`); default: `KILN_FIXTURES`, else
+    /// the repository's `fixtures/`.
     pub fixtures: Option<PathBuf>,
     /// Where the manifest, keys and agent settings are written (created if missing).
     pub out_dir: PathBuf,

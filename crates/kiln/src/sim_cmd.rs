@@ -38,7 +38,7 @@ pub struct SimArgs {
     /// Directory for the manifest, keys and agent settings.
     #[arg(long, default_value = "kiln-sim")]
     pub out: PathBuf,
-    /// The shared fixtures directory (default: KILN_FIXTURES or ../shared/fixtures).
+    /// The shared fixtures directory (default: KILN_FIXTURES or the repository's fixtures/).
     #[arg(long)]
     pub fixtures: Option<PathBuf>,
 }

@@ -22,10 +22,8 @@ fn kiln(args: &[&str]) -> Output {
 
 /// A `kiln probe` report of the recorded H100 node, after `edit` changed the recording.
 fn probe_file(dir: &Path, name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
-    let text = std::fs::read_to_string(
-        repo().join("crates/kiln-checks/tests/fixtures/probe-h100-healthy.json"),
-    )
-    .unwrap();
+    let text =
+        std::fs::read_to_string(repo().join("fixtures/kiln/probe-h100-healthy.json")).unwrap();
     let mut recording: serde_json::Value = serde_json::from_str(&text).unwrap();
     edit(&mut recording);
     let gpus = RecordedGpus::from_json(&recording.to_string()).unwrap();
