@@ -697,5 +697,6 @@ fn target(msg: &NodeMessage) -> NodeTarget {
             i128::from(msg.enqueued_at_ms) * 1_000_000,
         )
         .unwrap_or(time::OffsetDateTime::UNIX_EPOCH),
+        labels: n.labels.clone(),
     }
 }

@@ -525,11 +525,11 @@ impl<'n> Fields<'n> {
         ok.then_some(out)
     }
 
-    /// A mapping of string to string whose keys must be in `allowed_keys`.
+    /// A mapping of string to string whose keys, when `allowed_keys` is given, must be in it.
     pub fn opt_str_map(
         &mut self,
         key: &str,
-        allowed_keys: &[&str],
+        allowed_keys: Option<&[&str]>,
         errors: &mut Vec<LoadError>,
     ) -> Option<Vec<(String, String)>> {
         let node = self.take(key)?;
@@ -549,15 +549,17 @@ impl<'n> Fields<'n> {
         let mut ok = true;
         for (k, line, v) in entries {
             let item_key = format!("{key}.{k}");
-            if !allowed_keys.contains(&k.as_str()) {
-                self.err(
-                    errors,
-                    *line,
-                    &item_key,
-                    format!("unknown key; expected one of: {}", allowed_keys.join(", ")),
-                );
-                ok = false;
-                continue;
+            if let Some(allowed_keys) = allowed_keys {
+                if !allowed_keys.contains(&k.as_str()) {
+                    self.err(
+                        errors,
+                        *line,
+                        &item_key,
+                        format!("unknown key; expected one of: {}", allowed_keys.join(", ")),
+                    );
+                    ok = false;
+                    continue;
+                }
             }
             match &v.value {
                 Value::Scalar { text, .. } if !text.trim().is_empty() => {
@@ -572,6 +574,71 @@ impl<'n> Fields<'n> {
                     );
                     ok = false;
                 }
+            }
+        }
+        ok.then_some(out)
+    }
+
+    /// A mapping of names to integers in `range` (e.g. link speed per interface).
+    pub fn opt_u64_map(
+        &mut self,
+        key: &str,
+        range: RangeInclusive<u64>,
+        errors: &mut Vec<LoadError>,
+    ) -> Option<Vec<(String, u64)>> {
+        let node = self.take(key)?;
+        let Value::Map(entries) = &node.value else {
+            self.err(
+                errors,
+                node.line,
+                key,
+                format!(
+                    "expected a mapping of names to integers, got {}",
+                    node.kind()
+                ),
+            );
+            return None;
+        };
+        let mut out = Vec::with_capacity(entries.len());
+        let mut ok = true;
+        for (k, _, v) in entries {
+            match self.node_u64(v, &format!("{key}.{k}"), &range, errors) {
+                Some(n) => out.push((k.clone(), n)),
+                None => ok = false,
+            }
+        }
+        ok.then_some(out)
+    }
+
+    /// A mapping whose values are mappings, each read by `read` with its own `Fields` (whose
+    /// unknown keys `read` reports with `finish`).
+    pub fn opt_map_of<T>(
+        &mut self,
+        key: &str,
+        errors: &mut Vec<LoadError>,
+        mut read: impl FnMut(&str, Fields<'n>, &mut Vec<LoadError>) -> Option<T>,
+    ) -> Option<Vec<(String, T)>> {
+        let node = self.take(key)?;
+        let Value::Map(entries) = &node.value else {
+            self.err(
+                errors,
+                node.line,
+                key,
+                format!("expected a mapping, got {}", node.kind()),
+            );
+            return None;
+        };
+        let mut out = Vec::with_capacity(entries.len());
+        let mut ok = true;
+        for (k, _, v) in entries {
+            let path = format!("{}.{k}", self.path(key));
+            let Some(f) = Fields::of(v, &path, errors) else {
+                ok = false;
+                continue;
+            };
+            match read(k, f, errors) {
+                Some(t) => out.push((k.clone(), t)),
+                None => ok = false,
             }
         }
         ok.then_some(out)

@@ -28,6 +28,7 @@ fn target(n: &NodeSpec) -> NodeTarget {
             nic: Some(n.firmware_nic.clone()),
         },
         registered_at: OffsetDateTime::now_utc() - time::Duration::seconds(5),
+        labels: Default::default(),
     }
 }
 

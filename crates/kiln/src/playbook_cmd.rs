@@ -140,6 +140,7 @@ async fn run_local(r: RunArgs) -> anyhow::Result<ExitCode> {
             ..FirmwareBaseline::default()
         },
         registered_at: time::OffsetDateTime::now_utc(),
+        labels: Default::default(),
     };
     let ctx = CheckContext::new(node, Instant::now() + pb.timeout)
         .with_shell(Arc::new(LocalShell::default()));

@@ -25,6 +25,7 @@ pub fn node(gpu_count: u32) -> NodeTarget {
             nic: Some("20.31.2354".into()),
         },
         registered_at: datetime!(2012-01-01 00:00 UTC),
+        labels: Default::default(),
     }
 }
 
