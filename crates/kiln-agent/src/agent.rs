@@ -47,6 +47,9 @@ use crate::watermark::Watermark;
 
 /// Version of the [`DeadLetter`] JSON on `kiln.nodes.dlq`.
 pub const DLQ_SCHEMA_VERSION: u32 = 1;
+/// Largest dead letter produced: below the 1 MB `message.max.bytes` brokers and librdkafka
+/// default to. A history that would not fit is left out (the store has it whole).
+pub const DEAD_LETTER_BYTES_MAX: usize = 900 * 1024;
 /// Times a node's work (store, produce) is retried before the agent gives up and exits.
 const WORK_TRIES_MAX: u32 = 5;
 /// How often paused partitions are checked against their bound.
@@ -543,20 +546,40 @@ async fn burn_in(shared: &Shared, msg: &NodeMessage) -> anyhow::Result<()> {
             } else {
                 last_error
             };
-            let dl = DeadLetter {
+            let mut dl = DeadLetter {
                 v: DLQ_SCHEMA_VERSION,
                 message: msg.clone(),
                 last_error,
-                history,
+                history: history.map(lean_history),
                 agent: shared.config.agent_id.clone(),
                 dead_lettered_at_ms: now_ms(),
             };
-            let payload = serde_json::to_vec(&dl).context("encoding the dead letter")?;
+            let mut payload = serde_json::to_vec(&dl).context("encoding the dead letter")?;
+            if payload.len() > DEAD_LETTER_BYTES_MAX {
+                tracing::warn!(host, bytes = payload.len(), "dead letter too large with its history; sending it without (the store keeps it)");
+                dl.history = None;
+                payload = serde_json::to_vec(&dl).context("encoding the dead letter")?;
+            }
             tracing::warn!(host, attempts = msg.attempt, "dead-lettered");
             produce(shared, &shared.config.dlq_topic, msg.key(), &payload).await
         }
         other => Err(anyhow!("store left {host} {other} after its run")),
     }
+}
+
+/// A history for the dead-letter topic: without the raw evidence of its checks, and without
+/// the measured values of the checks that passed (the store keeps both). Ten attempts of a
+/// long playbook would otherwise not fit one message.
+fn lean_history(mut h: NodeHistory) -> NodeHistory {
+    for run in &mut h.runs {
+        for c in &mut run.checks {
+            c.evidence.clear();
+            if c.verdict == CheckVerdict::Pass {
+                c.measured = serde_json::Value::Null;
+            }
+        }
+    }
+    h
 }
 
 async fn produce(shared: &Shared, topic: &str, key: &str, payload: &[u8]) -> anyhow::Result<()> {

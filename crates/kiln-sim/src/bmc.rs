@@ -169,6 +169,48 @@ impl Bmc {
                 "FirmwareVersion",
                 node.spec.firmware_bmc.clone().into(),
             );
+        } else if path.ends_with("/PowerSubsystem") {
+            // The mockup's second bay is empty, so its redundancy is lost: a simulated node has
+            // both power supplies, and with `psu-fail` loses the first one.
+            if let Some(groups) = doc
+                .get_mut("PowerSupplyRedundancy")
+                .and_then(Value::as_array_mut)
+            {
+                for g in groups {
+                    g["Status"] = if node.has(&Fault::PsuFail) {
+                        json!({"State": "Enabled", "Health": "Critical"})
+                    } else {
+                        json!({"State": "Enabled", "Health": "OK"})
+                    };
+                }
+            }
+        } else if path.contains("/PowerSubsystem/PowerSupplies/") {
+            let bay1 = path.ends_with("/Bay1");
+            if node.has(&Fault::PsuFail) && bay1 {
+                set(
+                    &mut doc,
+                    "Status",
+                    json!({"State": "Enabled", "Health": "Critical", "Conditions": [{
+                        "MessageId": "Power.1.0.PowerSupplyFailure",
+                        "Message": "Power supply 'PSU 1' has failed.",
+                        "Severity": "Critical", "MessageArgs": ["PSU 1"],
+                        "Timestamp": OffsetDateTime::now_utc().format(&Rfc3339).unwrap_or_default(),
+                    }]}),
+                );
+            } else {
+                set(
+                    &mut doc,
+                    "Status",
+                    json!({"State": "Enabled", "Health": "OK"}),
+                );
+            }
+            if !bay1 && doc.get("SerialNumber").is_none() {
+                set(
+                    &mut doc,
+                    "SerialNumber",
+                    format!("{}-PSU2", node.serial()).into(),
+                );
+            }
         }
         Some(doc)
     }

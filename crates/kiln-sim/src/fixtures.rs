@@ -12,6 +12,8 @@ use serde_json::Value;
 
 const MOCKUP: &str = "redfish/public-rackmount1";
 const PROBE_H100: &str = include_str!("../../../fixtures/kiln/probe-h100-healthy.json");
+/// fio's JSON of a write/verify pass (recorded with fio 3.33, fixtures/kiln/README.md).
+pub const FIO_PASS: &str = include_str!("../../../fixtures/kiln/fio-verify-pass.json");
 
 pub struct Fixtures {
     /// Redfish path (`/redfish/v1/...`, no trailing slash) -> document.
@@ -24,6 +26,10 @@ pub struct Fixtures {
     pub sysfs: HashMap<&'static str, BTreeMap<String, String>>,
     /// `ip -j link` output, per snapshot name.
     pub ip_link: HashMap<&'static str, String>,
+    /// Per Ethernet snapshot: interface -> link speed (Mb/s) and permanent MAC.
+    pub eth_sysfs: HashMap<&'static str, BTreeMap<String, (String, String)>>,
+    /// `smartctl -x --json` of the recorded node's ten healthy NVMe drives.
+    pub smartctl: Vec<Value>,
     pub probe: RecordedGpus,
 }
 
@@ -95,8 +101,22 @@ impl Fixtures {
             sysfs.insert(name, load_sysfs(dir, name)?);
         }
         let mut ip_link = HashMap::new();
-        for name in ["eth_learn_good", "eth_learn_down_intf"] {
-            ip_link.insert(name, load_ip_link(dir, name)?);
+        let mut eth_sysfs = HashMap::new();
+        for name in [
+            "eth_learn_good",
+            "eth_learn_down_intf",
+            "eth_learn_degraded_intf",
+        ] {
+            let (links, sysfs) = load_eth(dir, name)?;
+            ip_link.insert(name, links);
+            eth_sysfs.insert(name, sysfs);
+        }
+        let mut smartctl = Vec::new();
+        for i in 0..10 {
+            let path = dir.join(format!("smartctl/learn_good/nvme{i}.json"));
+            let text =
+                std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
+            smartctl.push(serde_json::from_str(&text).with_context(|| path.display().to_string())?);
         }
         let probe = RecordedGpus::from_json(PROBE_H100).context("the recorded H100 probe")?;
         Ok(Fixtures {
@@ -105,6 +125,8 @@ impl Fixtures {
             sel_entries_paths,
             sysfs,
             ip_link,
+            eth_sysfs,
+            smartctl,
             probe,
         })
     }
@@ -157,12 +179,34 @@ fn load_sysfs(dir: &Path, name: &str) -> anyhow::Result<BTreeMap<String, String>
     Ok(map)
 }
 
-fn load_ip_link(dir: &Path, name: &str) -> anyhow::Result<String> {
+/// A gcm Ethernet snapshot: its `ip -j link` JSON, and per interface its `link_speed` and
+/// `phys_macaddr`.
+fn load_eth(
+    dir: &Path,
+    name: &str,
+) -> anyhow::Result<(String, BTreeMap<String, (String, String)>)> {
     let path = dir.join("sysfs").join(format!("{name}.json"));
     let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
     let doc: Value = serde_json::from_str(&text).with_context(|| path.display().to_string())?;
     let links = doc
         .get("intf_status")
         .ok_or_else(|| anyhow!("{}: no intf_status", path.display()))?;
-    Ok(links.to_string())
+    let mut sysfs = BTreeMap::new();
+    for (ifname, speed) in doc
+        .get("link_speed")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        let mac = doc
+            .pointer(&format!("/phys_macaddr/{ifname}"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        sysfs.insert(
+            ifname.clone(),
+            (speed.as_str().unwrap_or("").to_string(), mac),
+        );
+    }
+    Ok((links.to_string(), sysfs))
 }

@@ -40,7 +40,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 3)]
     agents: usize,
     /// Inject HOST=KIND (repeatable) instead of the default set of faults; KIND is one of
-    /// ecc, row-remap, stuck-ib, firmware-drift, sel-critical, hang, unreachable, flaky:N.
+    /// the faults of `kiln sim --fault` (ecc, row-remap, stuck-ib, dcgm-fail, psu-fail, ...).
     #[arg(long = "fault", value_name = "HOST=KIND")]
     faults: Vec<String>,
     /// Work directory (broker data, store, fleet keys, the email); must be empty or absent.

@@ -18,7 +18,8 @@ pub struct SimArgs {
     #[arg(long, default_value = "H100-SXM", value_parser = parse_model)]
     pub gpu_model: GpuModel,
     /// Inject a fault: HOST=KIND, KIND one of ecc, row-remap, stuck-ib, firmware-drift,
-    /// sel-critical, hang, unreachable, flaky:N (first N runs fail), flaky:P (probability P,
+    /// sel-critical, dcgm-fail, ib-flap, eth-slow, throttle, xid79, nvlink-down, psu-fail,
+    /// smart-critical, hang, unreachable, flaky:N (first N runs fail), flaky:P (probability P,
     /// e.g. 0.3). Repeatable.
     #[arg(long = "fault", value_name = "HOST=KIND")]
     pub faults: Vec<String>,

@@ -1,5 +1,5 @@
 //! The burn-in platform with its real checks, end to end: a real `kiln broker` process, a
-//! simulated fleet of 12 H100 nodes in 3 racks (crates/kiln-sim: per-node SSH and HTTPS
+//! simulated fleet of 20 H100 nodes in 4 racks (crates/kiln-sim: per-node SSH and HTTPS
 //! Redfish on loopback) with injected faults, `kiln intake register` of the manifest the
 //! simulator wrote, and one agent (in-process, the fleet's settings: SSH with known_hosts,
 //! Redfish sessions over TLS with the fleet's CA, playbooks chosen by gpu_model) running
@@ -51,8 +51,58 @@ fn permanent() -> Vec<(&'static str, Fault, &'static str, &'static str)> {
             "Critical: Power supply PSU2 failure detected",
         ),
         ("host-0007", Fault::RowRemap, "gpu_row_remap", "remap"),
+        // What a real H100/H200 node shows and the older checks missed.
+        (
+            "host-0013",
+            Fault::DcgmFail,
+            "dcgm_diag",
+            "GPU 3: Fail: Found 4 faulty memory elements",
+        ),
+        (
+            "host-0014",
+            Fault::IbFlap,
+            "infiniband",
+            "mlx5_3 (ib3): port ACTIVE but netdev operstate down",
+        ),
+        (
+            "host-0015",
+            Fault::EthSlow,
+            "ethernet",
+            "link speed 100000 Mb/s, expected 200000 Mb/s",
+        ),
+        (
+            "host-0016",
+            Fault::Throttle,
+            "gpu_telemetry",
+            "thermal violation",
+        ),
+        (
+            "host-0017",
+            Fault::Xid79,
+            "gpu_xid",
+            "Xid 79 (GPU has fallen off the bus",
+        ),
+        (
+            "host-0018",
+            Fault::NvlinkDown,
+            "gpu_nvlink",
+            "NVLink(s) [7] inactive",
+        ),
+        (
+            "host-0019",
+            Fault::PsuFail,
+            "bmc_chassis",
+            "PSU 1 Health Critical",
+        ),
+        (
+            "host-0020",
+            Fault::SmartCritical,
+            "disk_health",
+            "critical warning 0x04",
+        ),
     ]
 }
+const NODES: usize = 20;
 const FLAKY: &str = "host-0006";
 const UNREACHABLE: &str = "host-0008";
 const HANGS: &str = "host-0012";
@@ -61,7 +111,7 @@ fn histories(rt: &tokio::runtime::Runtime, db_url: &str) -> HashMap<String, Node
     rt.block_on(async {
         let store = Store::connect(db_url).await.expect("store");
         let mut out = HashMap::new();
-        for i in 1..=12 {
+        for i in 1..=NODES {
             let h = format!("host-{i:04}");
             if let Some(hist) = store.node_history(&h).await.expect("history") {
                 out.insert(h, hist);
@@ -136,8 +186,8 @@ fn real_checks_on_a_simulated_fleet_pass_fail_retry_and_dead_letter() {
     let db_url = format!("sqlite://{}", dir.path().join("kiln.db").display());
 
     let mut spec = FleetSpec::new(dir.path().join("sim"));
-    spec.racks = 3;
-    spec.nodes_per_rack = 4;
+    spec.racks = 4;
+    spec.nodes_per_rack = 5;
     for (host, fault, _, _) in permanent() {
         spec = spec.with_fault(host, fault);
     }
@@ -173,7 +223,7 @@ fn real_checks_on_a_simulated_fleet_pass_fail_retry_and_dead_letter() {
     let deadline = Instant::now() + Duration::from_secs(300);
     let hist = loop {
         let hist = histories(&rt, &db_url);
-        let settled = hist.len() == 12
+        let settled = hist.len() == NODES
             && hist.iter().all(|(h, x)| {
                 if h == HANGS {
                     x.runs.iter().any(|r| r.verdict.is_some())
@@ -238,6 +288,12 @@ fn real_checks_on_a_simulated_fleet_pass_fail_retry_and_dead_letter() {
             f.iter().all(|n| n.starts_with(name)),
             "{host}: failing {f:?}"
         );
+        // The dead letter names the failing check.
+        assert!(
+            h.events.iter().any(|e| e.reason.contains(name)),
+            "{host}: {:?}",
+            h.events
+        );
     }
     let ecc = check(&hist["host-0002"], 1, "gpu_ecc");
     assert!(ecc.evidence.contains("volatile_uncorrected") || ecc.message.contains('2'));
@@ -289,19 +345,31 @@ fn real_checks_on_a_simulated_fleet_pass_fail_retry_and_dead_letter() {
         .find(|d| d.message.node.hostname == "host-0005")
         .expect("sel node dead-lettered");
     assert!(sel.last_error.contains("bmc_sel"), "{}", sel.last_error);
+    // Each dead letter names the check that saw its node's fault.
+    for (host, fault, name, _) in permanent() {
+        let d = dl
+            .iter()
+            .find(|d| d.message.node.hostname == host)
+            .unwrap_or_else(|| panic!("{host} not dead-lettered"));
+        assert!(
+            d.last_error.contains(name),
+            "{host} ({fault}): {}",
+            d.last_error
+        );
+    }
 
     // The agent closed every SSH connection and Redfish session it opened.
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let s = fleet.stats();
         if s.ssh_connections_open == 0 && fleet.open_redfish_sessions() == 0 {
-            // One connection and one session per run: 4 healthy + 5 x 10 dead-lettered + 2
+            // One connection and one session per run: 4 healthy + 13 x 10 dead-lettered + 2
             // flaky + at least 1 hung (the unreachable node never connects). The two totals
             // usually match, but not always: under load a run can open its Redfish session and
             // then fail to connect over SSH (a timeout, recorded as that step's error), so each
             // is checked on its own; what matters is that none is left open.
-            assert!(s.ssh_connections_total >= 57, "{s:?}");
-            assert!(s.redfish_sessions_total >= 57, "{s:?}");
+            assert!(s.ssh_connections_total >= 137, "{s:?}");
+            assert!(s.redfish_sessions_total >= 137, "{s:?}");
             break;
         }
         assert!(Instant::now() < deadline, "left open: {s:?}");
