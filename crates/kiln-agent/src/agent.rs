@@ -42,7 +42,7 @@ use tokio::time::{timeout, Instant};
 use crate::access::NodeAccess;
 use crate::config::AgentConfig;
 use crate::metrics::{self, AgentMetrics};
-use crate::playbooks::{needs_shell, PlaybookSet};
+use crate::playbooks::{needs_bmc, needs_shell, PlaybookSet};
 use crate::watermark::Watermark;
 
 /// Version of the [`DeadLetter`] JSON on `kiln.nodes.dlq`.
@@ -612,7 +612,12 @@ async fn run_playbook(
     // Waits for an SSH permit (agent-wide bound) before the run's deadline starts.
     let session = match shared
         .access
-        .open(&node.hostname, &node.bmc_address, needs_shell(pb))
+        .open(
+            &node.hostname,
+            &node.bmc_address,
+            needs_shell(pb),
+            needs_bmc(pb),
+        )
         .await
     {
         Ok(s) => s,

@@ -792,3 +792,62 @@ async fn a_bmc_that_never_answers_times_out() {
         "1 try + 2 retries"
     );
 }
+
+#[tokio::test]
+async fn collections_are_expanded_in_one_request_where_the_service_can() {
+    const ROOT: &str = r#"{"ProtocolFeaturesSupported": {"ExpandQuery": {"Levels": true}}}"#;
+    let (port, seen) = scripted_server(|req, _| match req.path.as_str() {
+        "/redfish/v1" => Some((200, vec![], ROOT.into())),
+        "/redfish/v1/Chassis?$expand=.($levels=1)" => Some((
+            200,
+            vec![],
+            r#"{"Members": [{"@odata.id": "/redfish/v1/Chassis/A", "Id": "A"}, {"@odata.id": "/redfish/v1/Chassis/B", "Id": "B"}]}"#.into(),
+        )),
+        _ => Some((404, vec![], "{}".into())),
+    })
+    .await;
+    let c = RedfishClient::new(cfg(port, Auth::None)).expect("client");
+    let m = c
+        .members("/redfish/v1/Chassis", true)
+        .await
+        .expect("members");
+    assert_eq!(m.len(), 2);
+    assert_eq!(m[1]["Id"], "B");
+    assert_eq!(
+        seen.lock().unwrap_or_else(|p| p.into_inner()).len(),
+        2,
+        "root + one collection"
+    );
+
+    // A service that claims it and then refuses: the plain collection and each member.
+    let (port, seen) = scripted_server(|req, _| match req.path.as_str() {
+        "/redfish/v1" => Some((200, vec![], ROOT.into())),
+        "/redfish/v1/Chassis" => Some((
+            200,
+            vec![],
+            r#"{"Members": [{"@odata.id": "/redfish/v1/Chassis/A"}]}"#.into(),
+        )),
+        "/redfish/v1/Chassis/A" => Some((200, vec![], r#"{"Id": "A"}"#.into())),
+        _ => Some((501, vec![], "{}".into())),
+    })
+    .await;
+    let c = RedfishClient::new(cfg(port, Auth::None)).expect("client");
+    let m = c
+        .members("/redfish/v1/Chassis", true)
+        .await
+        .expect("members");
+    assert_eq!(m[0]["Id"], "A");
+    let m = c.members("/redfish/v1/Chassis", true).await.expect("again");
+    assert_eq!(m.len(), 1);
+    let paths: Vec<String> = seen
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|s| s.path.clone())
+        .collect();
+    assert_eq!(
+        paths.iter().filter(|p| p.contains("$expand")).count(),
+        1,
+        "asked once: {paths:?}"
+    );
+}

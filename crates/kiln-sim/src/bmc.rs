@@ -215,6 +215,23 @@ impl Bmc {
         Some(doc)
     }
 
+    /// A collection with its members' documents in place of their links, as a BMC answers
+    /// `$expand=.($levels=1)` (the mockup's service root says it supports it).
+    fn expanded(&self, mut doc: Value) -> Value {
+        if let Some(members) = doc.get_mut("Members").and_then(Value::as_array_mut) {
+            for m in members.iter_mut() {
+                let link = m
+                    .get("@odata.id")
+                    .and_then(Value::as_str)
+                    .map(|p| p.trim_end_matches('/').to_string());
+                if let Some(full) = link.and_then(|p| self.document(&p)) {
+                    *m = full;
+                }
+            }
+        }
+        doc
+    }
+
     /// The system log: a power-on entry (OK), and with `sel-critical` a Critical power
     /// supply entry. The fault is a recurring one: the BMC logs it again all the time, so
     /// its `Created` is the moment of reading, always after the node was registered.
@@ -269,7 +286,9 @@ async fn handle(
     if path != "/redfish/v1" && !bmc.authorized(&headers) {
         return error(StatusCode::UNAUTHORIZED, "authentication required");
     }
+    let expand = uri.query().is_some_and(|q| q.contains("$expand"));
     match bmc.document(path) {
+        Some(doc) if expand => axum::Json(bmc.expanded(doc)).into_response(),
         Some(doc) => axum::Json(doc).into_response(),
         None => error(StatusCode::NOT_FOUND, &format!("no resource at {path}")),
     }

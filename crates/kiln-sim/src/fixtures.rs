@@ -15,6 +15,9 @@ const PROBE_H100: &str = include_str!("../../../fixtures/kiln/probe-h100-healthy
 /// fio's JSON of a write/verify pass (recorded with fio 3.33, fixtures/kiln/README.md).
 pub const FIO_PASS: &str = include_str!("../../../fixtures/kiln/fio-verify-pass.json");
 
+/// Interface -> (link speed in Mb/s, permanent MAC), as a gcm Ethernet snapshot records them.
+pub type EthSysfs = BTreeMap<String, (String, String)>;
+
 pub struct Fixtures {
     /// Redfish path (`/redfish/v1/...`, no trailing slash) -> document.
     pub redfish: HashMap<String, Value>,
@@ -27,7 +30,7 @@ pub struct Fixtures {
     /// `ip -j link` output, per snapshot name.
     pub ip_link: HashMap<&'static str, String>,
     /// Per Ethernet snapshot: interface -> link speed (Mb/s) and permanent MAC.
-    pub eth_sysfs: HashMap<&'static str, BTreeMap<String, (String, String)>>,
+    pub eth_sysfs: HashMap<&'static str, EthSysfs>,
     /// `smartctl -x --json` of the recorded node's ten healthy NVMe drives.
     pub smartctl: Vec<Value>,
     pub probe: RecordedGpus,
@@ -184,7 +187,7 @@ fn load_sysfs(dir: &Path, name: &str) -> anyhow::Result<BTreeMap<String, String>
 fn load_eth(
     dir: &Path,
     name: &str,
-) -> anyhow::Result<(String, BTreeMap<String, (String, String)>)> {
+) -> anyhow::Result<(String, EthSysfs)> {
     let path = dir.join("sysfs").join(format!("{name}.json"));
     let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
     let doc: Value = serde_json::from_str(&text).with_context(|| path.display().to_string())?;

@@ -34,7 +34,7 @@ fn target(n: &NodeSpec) -> NodeTarget {
 
 async fn run(access: &NodeAccess, pb: &Playbook, n: &NodeSpec) -> BTreeMap<String, CheckResult> {
     let session = access
-        .open(&n.hostname, &n.bmc_address, true)
+        .open(&n.hostname, &n.bmc_address, true, true)
         .await
         .expect("open");
     let mut ctx = CheckContext::new(target(n), tokio::time::Instant::now() + pb.timeout);

@@ -35,7 +35,7 @@ enum PlaybookCommand {
         files: Vec<PathBuf>,
     },
     /// Run a playbook's checks on this machine (local shell; Redfish steps against --bmc).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 #[derive(Args, Debug)]
@@ -99,7 +99,7 @@ struct RunArgs {
 pub async fn run(args: PlaybookArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         PlaybookCommand::Check { files } => check(&files),
-        PlaybookCommand::Run(r) => run_local(r).await,
+        PlaybookCommand::Run(r) => run_local(*r).await,
     }
 }
 

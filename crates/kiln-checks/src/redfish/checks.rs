@@ -444,8 +444,7 @@ async fn sel(
             };
             let log_id = format!("{owner}/{}", text(&log, "/Id").unwrap_or_default());
             logs_read.push(log_id.clone());
-            for e in bmc.members(&entries_path, false).await? {
-                let e = bmc.resolve(&e).await?;
+            for e in bmc.members(&entries_path, true).await? {
                 scanned += 1;
                 // SEL (IPMI-style) and Event (Redfish events, what OpenBMC logs) both record
                 // hardware faults; Oem entries are vendor noise.
@@ -703,10 +702,9 @@ async fn chassis(
         }
         if read_sensors {
             if let Some(s) = text(c, "/Sensors/@odata.id") {
-                for link in bmc.members(&s, false).await?.iter().take(SENSORS_MAX) {
-                    let sensor = bmc.resolve(link).await?;
+                for sensor in bmc.members(&s, true).await?.iter().take(SENSORS_MAX) {
                     sensors_read += 1;
-                    if let Some(f) = sensor_finding(&chassis_id, &sensor) {
+                    if let Some(f) = sensor_finding(&chassis_id, sensor) {
                         findings.push(f);
                     }
                 }

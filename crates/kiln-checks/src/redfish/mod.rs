@@ -104,7 +104,10 @@ impl RedfishError {
     fn retryable(&self) -> bool {
         match self {
             RedfishError::Connect { .. } | RedfishError::Timeout { .. } => true,
-            RedfishError::Http { status, .. } => *status == 429 || *status >= 500,
+            // 501 Not Implemented is an answer, not a passing trouble.
+            RedfishError::Http { status, .. } => {
+                *status == 429 || (*status >= 500 && *status != 501)
+            }
             _ => false,
         }
     }
@@ -124,6 +127,10 @@ pub struct RedfishClient {
     retry_backoff: Duration,
     request_timeout: Duration,
     session: Mutex<Option<Session>>,
+    /// Whether the service root says `$expand=.($levels=1)` works (read once).
+    expand_levels: tokio::sync::OnceCell<bool>,
+    /// Set when a service that claims `$expand` refused it: asked no more.
+    expand_refused: std::sync::atomic::AtomicBool,
 }
 
 impl RedfishClient {
@@ -171,6 +178,8 @@ impl RedfishClient {
             retry_backoff: cfg.retry_backoff,
             request_timeout: cfg.request_timeout,
             session: Mutex::new(None),
+            expand_levels: tokio::sync::OnceCell::new(),
+            expand_refused: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -299,8 +308,35 @@ impl RedfishClient {
         }
     }
 
+    /// Whether the service supports `$expand` with levels (`ProtocolFeaturesSupported`),
+    /// asked once. A service that does not say so is not sent the query (Redfish services
+    /// answer unknown query parameters with 501).
+    async fn supports_expand(&self) -> bool {
+        if self
+            .expand_refused
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return false;
+        }
+        *self
+            .expand_levels
+            .get_or_init(|| async {
+                match self.get("/redfish/v1").await {
+                    Ok(root) => {
+                        root.pointer("/ProtocolFeaturesSupported/ExpandQuery/Levels")
+                            == Some(&Value::Bool(true))
+                    }
+                    Err(_) => false,
+                }
+            })
+            .await
+    }
+
     /// The members of a collection, following `Members@odata.nextLink`. Members that are
-    /// only links are returned as such; `expand` fetches each one.
+    /// only links are returned as such; `expand` fetches each one, asking the service to
+    /// expand the collection in one response first (`$expand=.($levels=1)`) where it says it
+    /// can: a BMC's sensors or log entries are otherwise one request each. A service that
+    /// ignores the query still answers with links, which are then fetched one by one.
     /// `Members@odata.count` is never used (BMCs get it wrong).
     pub async fn members(
         &self,
@@ -308,11 +344,27 @@ impl RedfishClient {
         expand: bool,
     ) -> Result<Vec<Value>, RedfishError> {
         let mut out = Vec::new();
-        let mut next = Some(collection.to_string());
+        let expanded = expand && !collection.contains('?') && self.supports_expand().await;
+        let mut next = Some(if expanded {
+            format!("{collection}?$expand=.($levels=1)")
+        } else {
+            collection.to_string()
+        });
         let mut pages = 0;
         while let Some(path) = next.take() {
             pages += 1;
-            let doc = self.get(&path).await?;
+            let doc = match self.get(&path).await {
+                // Some services claim `$expand` and answer it with an error (sushy-static
+                // with a 404): ask the plain collection, and stop asking.
+                Err(RedfishError::Http { status, .. })
+                    if expanded && pages == 1 && (400..600).contains(&status) && status != 401 =>
+                {
+                    self.expand_refused
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    self.get(collection).await?
+                }
+                other => other?,
+            };
             for m in doc
                 .get("Members")
                 .and_then(Value::as_array)
