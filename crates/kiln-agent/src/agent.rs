@@ -33,7 +33,9 @@ use kiln_queue::rdkafka::message::{Message, OwnedMessage};
 use kiln_queue::rdkafka::producer::{FutureProducer, FutureRecord};
 use kiln_queue::rdkafka::{ClientContext, Offset, TopicPartitionList};
 use kiln_queue::{now_ms, NodeMessage};
-use kiln_store::{BeginRun, CheckVerdict, NodeHistory, NodeState, RunVerdict, Store};
+use kiln_store::{
+    BeginRun, CheckVerdict, FinishOptions, NodeHistory, NodeState, RunVerdict, Store,
+};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
@@ -507,14 +509,24 @@ async fn burn_in(shared: &Shared, msg: &NodeMessage) -> anyhow::Result<()> {
                 .map(|c| format!("{}: {}", c.name, c.message))
                 .collect::<Vec<_>>()
                 .join("; ");
+            let options = if verdict == RunVerdict::Fail {
+                fail_fast(shared, msg, &checks).await?
+            } else {
+                FinishOptions::default()
+            };
             let finished = step(
                 shared,
                 "store: finish run",
-                shared.store.finish_run(run, verdict, &checks, now_ms()),
+                shared
+                    .store
+                    .finish_run_with(run, verdict, &checks, now_ms(), &options),
             )
             .await?;
             tracing::info!(host, attempt = msg.attempt, ?verdict, state = %finished.state, "run finished");
             shared.metrics.record_outcome(finished.state);
+            if finished.state == NodeState::Retrying && !finished.already_finished {
+                remediate(shared, msg, &checks).await?;
+            }
             (finished.state, last_error)
         }
     };
@@ -565,6 +577,90 @@ async fn burn_in(shared: &Shared, msg: &NodeMessage) -> anyhow::Result<()> {
         }
         other => Err(anyhow!("store left {host} {other} after its run")),
     }
+}
+
+/// Whether this failed attempt dead-letters its node now (`[fail_fast]`), with the cycle's
+/// earlier failed runs from the store when a repeated fault is looked for.
+async fn fail_fast(
+    shared: &Shared,
+    msg: &NodeMessage,
+    checks: &[kiln_store::CheckResult],
+) -> anyhow::Result<FinishOptions> {
+    let settings = &shared.config.fail_fast;
+    let earlier = if settings.repeated && msg.attempt > 1 {
+        step(
+            shared,
+            "store: node history",
+            shared.store.node_history(&msg.node.hostname),
+        )
+        .await?
+        .map(|h| {
+            h.runs
+                .into_iter()
+                .filter(|r| {
+                    r.cycle == msg.cycle
+                        && r.attempt < msg.attempt
+                        && r.verdict == Some(RunVerdict::Fail)
+                })
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let dead_letter_now = crate::decide::dead_letter_now(settings, checks, &earlier);
+    if let Some(why) = &dead_letter_now {
+        tracing::warn!(host = %msg.node.hostname, attempt = msg.attempt, why, "dead-lettering at once");
+    }
+    Ok(FinishOptions { dead_letter_now })
+}
+
+/// Runs the `[remediation]` command the failed checks call for, if one is configured, and
+/// records what it did in the node's history. A remediation that fails is recorded, not
+/// retried: the next attempt shows whether the fault is still there.
+async fn remediate(
+    shared: &Shared,
+    msg: &NodeMessage,
+    checks: &[kiln_store::CheckResult],
+) -> anyhow::Result<()> {
+    let Some(r) = crate::decide::remediation(&shared.config.remediation, checks) else {
+        return Ok(());
+    };
+    let host = msg.node.hostname.as_str();
+    let limit = Duration::from_millis(shared.config.remediation.timeout_ms);
+    let outcome = match shared
+        .access
+        .open(host, &msg.node.bmc_address, true, false)
+        .await
+    {
+        Ok(session) => {
+            let result = match &session.shell {
+                Some(shell) => match shell.exec(&r.command, limit).await {
+                    Ok(out) => format!("exit {:?}", out.exit_code),
+                    Err(e) => format!("did not complete: {e}"),
+                },
+                None => "no SSH access configured".to_string(),
+            };
+            let close_limit = Duration::from_millis(shared.config.step_timeout_ms);
+            let _ = timeout(close_limit, session.close()).await;
+            result
+        }
+        Err(e) => format!("not run: {e}"),
+    };
+    let reason = format!(
+        "remediation {} before attempt {}: `{}`: {outcome}",
+        r.action.as_str(),
+        msg.attempt + 1,
+        r.command
+    );
+    tracing::info!(host, %reason, "remediation");
+    step(
+        shared,
+        "store: remediation event",
+        shared.store.add_event(host, &reason, now_ms()),
+    )
+    .await?;
+    Ok(())
 }
 
 /// A history for the dead-letter topic: without the raw evidence of its checks, and without
@@ -651,6 +747,7 @@ async fn run_playbook(
                     limit.as_millis()
                 ),
                 evidence: String::new(),
+                findings: Vec::new(),
             };
             return (RunVerdict::Fail, vec![check]);
         }
@@ -684,6 +781,7 @@ async fn run_playbook(
                     serde_json::Value::String(s) => s,
                     other => other.to_string(),
                 },
+                findings: r.findings.clone(),
             }
         })
         .collect();
@@ -702,6 +800,7 @@ fn not_run(shared: &Shared, name: &str, why: String) -> (RunVerdict, Vec<kiln_st
         measured: serde_json::json!({}),
         message: why,
         evidence: String::new(),
+        findings: Vec::new(),
     };
     (RunVerdict::Fail, vec![check])
 }

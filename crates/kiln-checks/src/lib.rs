@@ -1,7 +1,7 @@
 //! Hardware checks and playbooks for Kiln's burn-in.
 //!
-//! - `finding`: what a failing check found (component, code, action), and the NVIDIA Xid and
-//!   DCGM failure-code tables that name the actions.
+//! - `finding`: kiln-findings (what a failing check found: component, code, action; the NVIDIA
+//!   Xid and DCGM failure-code tables that name the actions), re-exported for the checks.
 //! - `check`: the interface every check implements (`Check`, `CheckContext`, `CheckResult`,
 //!   `Verdict`) and `run_check`, which enforces deadlines.
 //! - `playbook`: YAML playbooks (which checks, in what order, with which thresholds) and
@@ -16,7 +16,6 @@
 pub mod check;
 pub mod dcgm;
 pub mod disk;
-pub mod finding;
 pub mod gpu;
 pub mod nic;
 #[cfg(feature = "nvml")]
@@ -30,6 +29,9 @@ pub mod ssh;
 pub mod stress;
 pub mod xid;
 mod yaml;
+
+/// The finding model and NVIDIA tables live in kiln-findings; checks name them `finding::`.
+pub use kiln_findings as finding;
 
 pub use check::{
     run_check, Check, CheckContext, CheckFuture, CheckResult, FirmwareBaseline, NodeTarget, Verdict,

@@ -128,7 +128,7 @@ impl GpuReport {
             .serial(self.serial.clone())
             .uuid(self.uuid.clone())
             .pci(self.pci_bus_id.clone())
-            .slot(self.module_id.map(|m| format!("SXM {m}")))
+            .slot(self.module_id.map(|m| format!("SXM slot {m}")))
     }
 
     /// `GPU 3 (GPU-8f1c…, 00000000:3B:00.0)`: how messages name a GPU.

@@ -169,7 +169,7 @@ fn gpu_row_remap_fails_on_pending_or_failure() {
         ("row_remap_failure", Action::Rma)
     );
     assert_eq!(fail.component.serial.as_deref(), Some("1652323000007"));
-    assert_eq!(fail.component.slot.as_deref(), Some("SXM 6"));
+    assert_eq!(fail.component.slot.as_deref(), Some("SXM slot 6"));
     assert!(
         fail.evidence[0].contains("failure true"),
         "{:?}",

@@ -136,6 +136,7 @@ async fn pages_show_the_store_and_escape_hostile_strings() {
             measured: serde_json::json!({ "gpu_count": 7, "expected": 8, "note": EVIL }),
             message: format!("GPU 3 missing {EVIL}"),
             evidence: format!("nvidia-smi -L\nGPU 0: H100 {EVIL}\n"),
+            findings: Vec::new(),
         },
         CheckResult {
             name: "nic".into(),
@@ -143,6 +144,7 @@ async fn pages_show_the_store_and_escape_hostile_strings() {
             measured: serde_json::json!({ "ports_up": 8 }),
             message: "8 ports up".into(),
             evidence: String::new(),
+            findings: Vec::new(),
         },
     ];
     store

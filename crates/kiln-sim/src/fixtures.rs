@@ -184,10 +184,7 @@ fn load_sysfs(dir: &Path, name: &str) -> anyhow::Result<BTreeMap<String, String>
 
 /// A gcm Ethernet snapshot: its `ip -j link` JSON, and per interface its `link_speed` and
 /// `phys_macaddr`.
-fn load_eth(
-    dir: &Path,
-    name: &str,
-) -> anyhow::Result<(String, EthSysfs)> {
+fn load_eth(dir: &Path, name: &str) -> anyhow::Result<(String, EthSysfs)> {
     let path = dir.join("sysfs").join(format!("{name}.json"));
     let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
     let doc: Value = serde_json::from_str(&text).with_context(|| path.display().to_string())?;

@@ -432,7 +432,8 @@ async fn print_summary(
                 } else {
                     names.join(", ")
                 };
-                let action = kiln_deadletter::ActionClass::parse(&t.action).label();
+                let action = kiln_findings::Action::parse(&t.action)
+                    .map_or_else(|| t.action.clone(), |a| a.label().to_string());
                 format!("{shown}  => {action}")
             })
             .unwrap_or_default();

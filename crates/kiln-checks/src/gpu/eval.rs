@@ -196,6 +196,8 @@ fn ecc(t: &Ecc, report: &ProbeReport, ev: &mut Eval) {
                 ),
             );
             f.push_evidence(counts.clone());
+            f.set_counter("ecc_volatile_uncorrected", e.volatile_uncorrected);
+            f.set_counter("ecc_aggregate_uncorrected", e.aggregate_uncorrected);
         }
         if let Some(max) = t.uncorrected_aggregate_max {
             if e.aggregate_uncorrected > max && e.volatile_uncorrected <= t.uncorrected_volatile_max
@@ -210,6 +212,7 @@ fn ecc(t: &Ecc, report: &ProbeReport, ev: &mut Eval) {
                     ),
                 );
                 f.push_evidence(counts.clone());
+                f.set_counter("ecc_aggregate_uncorrected", e.aggregate_uncorrected);
             }
         }
         if let Some(max) = t.corrected_volatile_max {
@@ -222,7 +225,8 @@ fn ecc(t: &Ecc, report: &ProbeReport, ev: &mut Eval) {
                         "ECC volatile corrected = {} (max {max})",
                         e.volatile_corrected
                     ),
-                );
+                )
+                .set_counter("ecc_volatile_corrected", e.volatile_corrected);
             }
         }
         match &g.ecc_sram {
@@ -244,6 +248,7 @@ fn ecc(t: &Ecc, report: &ProbeReport, ev: &mut Eval) {
                             "SRAM volatile uncorrected {}, aggregate uncorrected {}",
                             s.volatile_uncorrected, s.aggregate_uncorrected
                         ));
+                        f.set_counter("sram_aggregate_uncorrected", s.aggregate_uncorrected);
                     }
                 }
                 if let Some(max) = t.sram_corrected_max {
@@ -256,7 +261,8 @@ fn ecc(t: &Ecc, report: &ProbeReport, ev: &mut Eval) {
                                 "SRAM ECC aggregate corrected = {} (max {max})",
                                 s.aggregate_corrected
                             ),
-                        );
+                        )
+                        .set_counter("sram_aggregate_corrected", s.aggregate_corrected);
                     }
                 }
             }
@@ -298,6 +304,7 @@ fn row_remap(t: &RowRemapLimits, report: &ProbeReport, ev: &mut Eval) {
                 "row remapping pending (reset the GPU to apply; then re-test)".into(),
             );
             f.push_evidence(counts.clone());
+            remap_counters(f, r);
         }
         if r.failure && !t.failure_allowed {
             // NVIDIA's memory error management guide: a row-remap failure (no spare rows in a
@@ -311,6 +318,7 @@ fn row_remap(t: &RowRemapLimits, report: &ProbeReport, ev: &mut Eval) {
                     .into(),
             );
             f.push_evidence(counts.clone());
+            remap_counters(f, r);
         }
         if let Some(max) = t.uncorrectable_max {
             if r.uncorrectable > max {
@@ -324,9 +332,16 @@ fn row_remap(t: &RowRemapLimits, report: &ProbeReport, ev: &mut Eval) {
                     ),
                 );
                 f.push_evidence(counts);
+                remap_counters(f, r);
             }
         }
     }
+}
+
+/// The remap counts on a row-remap finding, for the trend across attempts.
+fn remap_counters(f: &mut Finding, r: &crate::probe::RowRemap) {
+    f.set_counter("rows_remapped_correctable", r.correctable);
+    f.set_counter("rows_remapped_uncorrectable", r.uncorrectable);
 }
 
 fn retired_pages(t: &RetiredPagesLimits, report: &ProbeReport, ev: &mut Eval) {
@@ -351,7 +366,8 @@ fn retired_pages(t: &RetiredPagesLimits, report: &ProbeReport, ev: &mut Eval) {
                     p.double_bit,
                     t.max
                 ),
-            );
+            )
+            .set_counter("retired_pages", p.total());
         }
         if p.pending && !t.pending_allowed {
             ev.gpu(
@@ -504,7 +520,8 @@ fn nvlink(t: &Nvlink, report: &ProbeReport, ev: &mut Eval) {
                             code,
                             Action::ResetGpu,
                             format!("NVLink {} {what} = {v} (max {max})", l.link),
-                        );
+                        )
+                        .set_counter(format!("nvlink{}_{code}", l.link), v);
                     }
                 }
             }

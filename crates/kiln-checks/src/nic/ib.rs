@@ -457,7 +457,9 @@ impl InfinibandExpect {
                                         self.counter_delta_max
                                     ),
                                 )
-                                .with_evidence(format!("{counter}: {then} -> {now}")),
+                                .with_evidence(format!("{counter}: {then} -> {now}"))
+                                .with_counter(format!("{counter}_before"), then)
+                                .with_counter(format!("{counter}_after"), *now),
                             );
                         }
                     }
