@@ -86,7 +86,17 @@ fn checks(i: usize, attempt: u32, fail: bool) -> Vec<CheckResult> {
                     .collect::<Vec<_>>()
                     .join("\n")
             ),
-            findings: Vec::new(),
+            findings: if fail {
+                vec![kiln_findings::Finding::new(
+                    kiln_findings::Component::new(kiln_findings::ComponentKind::Board),
+                    "gpu_count",
+                    kiln_findings::Action::Reboot,
+                    format!("GPU 3 of {} missing from NVML", hostname(i)),
+                )
+                .with_evidence(format!("nvidia-smi -L lists {gpus} GPUs, expected 8"))]
+            } else {
+                Vec::new()
+            },
         },
         CheckResult {
             name: "nic_link".into(),
