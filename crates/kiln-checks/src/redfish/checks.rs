@@ -510,12 +510,26 @@ async fn sel(
 /// The part a log entry is about, from its sensor type and words, and what to do.
 fn sel_component(e: &Value, sensor: Option<&str>, message: &str) -> (Component, Action) {
     let words = format!("{} {}", sensor.unwrap_or(""), message).to_ascii_lowercase();
-    let number = e
-        .get("SensorNumber")
-        .and_then(Value::as_u64)
-        .and_then(|n| u32::try_from(n).ok());
-    let with_number = |c: Component| match number {
-        Some(n) => c.index(n),
+    // The entry's own name for the part (`PSU2`, `FAN3`) if its message has one, else the IPMI
+    // sensor number: that numbers sensors, not bays, so it is a name, never an index.
+    let part = message
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .find(|w| {
+            let lower = w.to_ascii_lowercase();
+            ["psu", "fan", "dimm"].iter().any(|p| {
+                lower
+                    .strip_prefix(p)
+                    .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+            })
+        })
+        .map(str::to_string)
+        .or_else(|| {
+            e.get("SensorNumber")
+                .and_then(Value::as_u64)
+                .map(|n| format!("sensor {n}"))
+        });
+    let with_number = |c: Component| match &part {
+        Some(n) => c.name(n.clone()),
         None => c,
     };
     if words.contains("power supply") || words.contains("psu") {
