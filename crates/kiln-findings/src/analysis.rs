@@ -351,7 +351,19 @@ fn unreachable_finding(node: NodeInput<'_>, refused: &[&CheckInput<'_>]) -> Find
             refused.len()
         ),
     );
-    for l in lines.into_iter().take(ERROR_LINES_MAX) {
+    const NAMES_SHOWN: usize = 12;
+    let names: Vec<&str> = refused.iter().map(|c| c.name).collect();
+    let mut checks = names
+        .iter()
+        .take(NAMES_SHOWN)
+        .copied()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > NAMES_SHOWN {
+        checks.push_str(&format!(" and {} more", names.len() - NAMES_SHOWN));
+    }
+    f.push_evidence(format!("checks that could not run: {checks}"));
+    for l in lines.into_iter().take(ERROR_LINES_MAX - 1) {
         f.push_evidence(l);
     }
     f

@@ -143,9 +143,15 @@ fn an_unreachable_node_is_one_finding_with_the_addresses_tried() {
     );
     assert_eq!(
         f.evidence.len(),
-        2,
-        "distinct errors only: {:?}",
+        3,
+        "checks, then distinct errors: {:?}",
         f.evidence
+    );
+    assert!(
+        f.evidence[0].starts_with("checks that could not run: bmc_health, step0,")
+            && f.evidence[0].ends_with("and 9 more"),
+        "{}",
+        f.evidence[0]
     );
     // Fail and error are counted apart.
     assert_eq!(a.attempts[0].failed.len(), 0);
