@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use kiln_agent::{run_agent, AgentConfig, DeadLetter};
+use kiln_agent::{run_agent, AgentConfig, DeadLetter, RemediationSettings};
 use kiln_findings::{Action, ComponentKind};
 use kiln_intake::testkit::BrokerProcess;
 use kiln_queue::rdkafka::config::ClientConfig;
@@ -213,6 +213,12 @@ fn real_checks_on_a_simulated_fleet_pass_fail_retry_and_dead_letter() {
         run_grace_ms: 2_000,
         session_timeout_ms: 6_000,
         metrics_listen: "off".into(),
+        // A GPU reset between attempts for the findings that call for one (the simulated node
+        // answers it like any unknown command; what matters is that it ran and was recorded).
+        remediation: RemediationSettings {
+            reset_gpu: "nvidia-smi -r -i {gpus}".into(),
+            ..RemediationSettings::default()
+        },
         ..AgentConfig::default()
     });
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -327,6 +333,20 @@ fn real_checks_on_a_simulated_fleet_pass_fail_retry_and_dead_letter() {
         .node
         .state_reason
         .contains("dead-lettered at once"));
+    // The NVLink-down GPU was reset before its second attempt, and the history says so.
+    let reset = hist["host-0018"]
+        .events
+        .iter()
+        .find(|e| {
+            e.reason
+                .starts_with("remediation reset_gpu before attempt 2")
+        })
+        .unwrap_or_else(|| panic!("no remediation event: {:?}", hist["host-0018"].events));
+    assert!(
+        reset.reason.contains("`nvidia-smi -r -i 4`"),
+        "{}",
+        reset.reason
+    );
     let ecc = check(&hist["host-0002"], 1, "gpu_ecc");
     assert!(ecc.evidence.contains("volatile_uncorrected") || ecc.message.contains('2'));
     let fw = check(&hist["host-0004"], 1, "bmc_firmware");
