@@ -189,7 +189,7 @@ mod tests {
     fn an_rma_candidate_or_a_repeated_fault_dead_letters_at_once() {
         let s = FailFastSettings::default();
         let remap = check("gpu_row_remap", &[gpu(5, "row_remap_failure", Action::Rma)]);
-        let why = dead_letter_now(&s, &[remap.clone()], &[]).expect("rma");
+        let why = dead_letter_now(&s, std::slice::from_ref(&remap), &[]).expect("rma");
         assert!(why.starts_with("RMA candidate: GPU 5 (serial S5)"), "{why}");
         let off = FailFastSettings {
             rma: false,
@@ -202,12 +202,12 @@ mod tests {
             &[gpu(3, "ecc_uncorrected_volatile", Action::ResetGpu)],
         );
         assert_eq!(
-            dead_letter_now(&s, &[ecc.clone()], &[]),
+            dead_letter_now(&s, std::slice::from_ref(&ecc), &[]),
             None,
             "first time: retry"
         );
-        let why =
-            dead_letter_now(&s, &[ecc.clone()], &[run(1, vec![ecc.clone()])]).expect("repeated");
+        let why = dead_letter_now(&s, std::slice::from_ref(&ecc), &[run(1, vec![ecc.clone()])])
+            .expect("repeated");
         assert!(why.contains("ecc_uncorrected_volatile on gpu:S3"), "{why}");
         // Another GPU, or another fault, is not the same fault.
         let other = check(

@@ -215,7 +215,7 @@ impl DeadletterConfig {
             bail!("instance_id must not be empty");
         }
         let url = self.report.dashboard_url.as_str();
-        if !url.is_empty() && !(url.starts_with("http://") || url.starts_with("https://")) {
+        if !(url.is_empty() || url.starts_with("http://") || url.starts_with("https://")) {
             bail!("report.dashboard_url {url:?} must start with http:// or https://");
         }
         if self.step_timeout_ms == 0 || self.smtp.timeout_ms == 0 {
@@ -263,6 +263,7 @@ mod tests {
             "transport = \"pigeon\"\n",
             "no_such_key = 1\n",
             "[smtp]\npassword = \"a\"\npassword_file = \"/p\"\n",
+            "[report]\ndashboard_url = \"kiln.example.com\"\n",
         ] {
             std::fs::write(&p, bad).expect("write");
             let err = DeadletterConfig::load(Some(&p)).expect_err(bad);
