@@ -203,13 +203,19 @@ impl NodeAccess {
 
     /// Builds the run's shell and BMC client. `needs_shell`: the playbook has a step that
     /// runs commands; only then is an SSH permit taken (waiting for one if all are in use).
+    /// `needs_bmc`: it has a Redfish step; only then is a client built.
     pub async fn open(
         &self,
         hostname: &str,
         bmc_address: &str,
         needs_shell: bool,
+        needs_bmc: bool,
     ) -> Result<NodeSession, String> {
-        let bmc = Some(Arc::new(self.redfish.client(bmc_address)?));
+        let bmc = if needs_bmc {
+            Some(Arc::new(self.redfish.client(bmc_address)?))
+        } else {
+            None
+        };
         let (mut shell, mut ssh, mut permit) = (None, None, None);
         if let (true, Some(access)) = (needs_shell, &self.ssh) {
             let p = access

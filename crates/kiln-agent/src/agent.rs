@@ -33,7 +33,9 @@ use kiln_queue::rdkafka::message::{Message, OwnedMessage};
 use kiln_queue::rdkafka::producer::{FutureProducer, FutureRecord};
 use kiln_queue::rdkafka::{ClientContext, Offset, TopicPartitionList};
 use kiln_queue::{now_ms, NodeMessage};
-use kiln_store::{BeginRun, CheckVerdict, NodeHistory, NodeState, RunVerdict, Store};
+use kiln_store::{
+    BeginRun, CheckVerdict, FinishOptions, NodeHistory, NodeState, RunVerdict, Store,
+};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
@@ -42,11 +44,14 @@ use tokio::time::{timeout, Instant};
 use crate::access::NodeAccess;
 use crate::config::AgentConfig;
 use crate::metrics::{self, AgentMetrics};
-use crate::playbooks::{needs_shell, PlaybookSet};
+use crate::playbooks::{needs_bmc, needs_shell, PlaybookSet};
 use crate::watermark::Watermark;
 
 /// Version of the [`DeadLetter`] JSON on `kiln.nodes.dlq`.
 pub const DLQ_SCHEMA_VERSION: u32 = 1;
+/// Largest dead letter produced: below the 1 MB `message.max.bytes` brokers and librdkafka
+/// default to. A history that would not fit is left out (the store has it whole).
+pub const DEAD_LETTER_BYTES_MAX: usize = 900 * 1024;
 /// Times a node's work (store, produce) is retried before the agent gives up and exits.
 const WORK_TRIES_MAX: u32 = 5;
 /// How often paused partitions are checked against their bound.
@@ -504,14 +509,24 @@ async fn burn_in(shared: &Shared, msg: &NodeMessage) -> anyhow::Result<()> {
                 .map(|c| format!("{}: {}", c.name, c.message))
                 .collect::<Vec<_>>()
                 .join("; ");
+            let options = if verdict == RunVerdict::Fail {
+                fail_fast(shared, msg, &checks).await?
+            } else {
+                FinishOptions::default()
+            };
             let finished = step(
                 shared,
                 "store: finish run",
-                shared.store.finish_run(run, verdict, &checks, now_ms()),
+                shared
+                    .store
+                    .finish_run_with(run, verdict, &checks, now_ms(), &options),
             )
             .await?;
             tracing::info!(host, attempt = msg.attempt, ?verdict, state = %finished.state, "run finished");
             shared.metrics.record_outcome(finished.state);
+            if finished.state == NodeState::Retrying && !finished.already_finished {
+                remediate(shared, msg, &checks).await?;
+            }
             (finished.state, last_error)
         }
     };
@@ -543,20 +558,124 @@ async fn burn_in(shared: &Shared, msg: &NodeMessage) -> anyhow::Result<()> {
             } else {
                 last_error
             };
-            let dl = DeadLetter {
+            let mut dl = DeadLetter {
                 v: DLQ_SCHEMA_VERSION,
                 message: msg.clone(),
                 last_error,
-                history,
+                history: history.map(lean_history),
                 agent: shared.config.agent_id.clone(),
                 dead_lettered_at_ms: now_ms(),
             };
-            let payload = serde_json::to_vec(&dl).context("encoding the dead letter")?;
+            let mut payload = serde_json::to_vec(&dl).context("encoding the dead letter")?;
+            if payload.len() > DEAD_LETTER_BYTES_MAX {
+                tracing::warn!(host, bytes = payload.len(), "dead letter too large with its history; sending it without (the store keeps it)");
+                dl.history = None;
+                payload = serde_json::to_vec(&dl).context("encoding the dead letter")?;
+            }
             tracing::warn!(host, attempts = msg.attempt, "dead-lettered");
             produce(shared, &shared.config.dlq_topic, msg.key(), &payload).await
         }
         other => Err(anyhow!("store left {host} {other} after its run")),
     }
+}
+
+/// Whether this failed attempt dead-letters its node now (`[fail_fast]`), with the cycle's
+/// earlier failed runs from the store when a repeated fault is looked for.
+async fn fail_fast(
+    shared: &Shared,
+    msg: &NodeMessage,
+    checks: &[kiln_store::CheckResult],
+) -> anyhow::Result<FinishOptions> {
+    let settings = &shared.config.fail_fast;
+    let earlier = if settings.repeated && msg.attempt > 1 {
+        step(
+            shared,
+            "store: node history",
+            shared.store.node_history(&msg.node.hostname),
+        )
+        .await?
+        .map(|h| {
+            h.runs
+                .into_iter()
+                .filter(|r| {
+                    r.cycle == msg.cycle
+                        && r.attempt < msg.attempt
+                        && r.verdict == Some(RunVerdict::Fail)
+                })
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let dead_letter_now = crate::decide::dead_letter_now(settings, checks, &earlier);
+    if let Some(why) = &dead_letter_now {
+        tracing::warn!(host = %msg.node.hostname, attempt = msg.attempt, why, "dead-lettering at once");
+    }
+    Ok(FinishOptions { dead_letter_now })
+}
+
+/// Runs the `[remediation]` command the failed checks call for, if one is configured, and
+/// records what it did in the node's history. A remediation that fails is recorded, not
+/// retried: the next attempt shows whether the fault is still there.
+async fn remediate(
+    shared: &Shared,
+    msg: &NodeMessage,
+    checks: &[kiln_store::CheckResult],
+) -> anyhow::Result<()> {
+    let Some(r) = crate::decide::remediation(&shared.config.remediation, checks) else {
+        return Ok(());
+    };
+    let host = msg.node.hostname.as_str();
+    let limit = Duration::from_millis(shared.config.remediation.timeout_ms);
+    let outcome = match shared
+        .access
+        .open(host, &msg.node.bmc_address, true, false)
+        .await
+    {
+        Ok(session) => {
+            let result = match &session.shell {
+                Some(shell) => match shell.exec(&r.command, limit).await {
+                    Ok(out) => format!("exit {:?}", out.exit_code),
+                    Err(e) => format!("did not complete: {e}"),
+                },
+                None => "no SSH access configured".to_string(),
+            };
+            let close_limit = Duration::from_millis(shared.config.step_timeout_ms);
+            let _ = timeout(close_limit, session.close()).await;
+            result
+        }
+        Err(e) => format!("not run: {e}"),
+    };
+    let reason = format!(
+        "remediation {} before attempt {}: `{}`: {outcome}",
+        r.action.as_str(),
+        msg.attempt + 1,
+        r.command
+    );
+    tracing::info!(host, %reason, "remediation");
+    step(
+        shared,
+        "store: remediation event",
+        shared.store.add_event(host, &reason, now_ms()),
+    )
+    .await?;
+    Ok(())
+}
+
+/// A history for the dead-letter topic: without the raw evidence of its checks, and without
+/// the measured values of the checks that passed (the store keeps both). Ten attempts of a
+/// long playbook would otherwise not fit one message.
+fn lean_history(mut h: NodeHistory) -> NodeHistory {
+    for run in &mut h.runs {
+        for c in &mut run.checks {
+            c.evidence.clear();
+            if c.verdict == CheckVerdict::Pass {
+                c.measured = serde_json::Value::Null;
+            }
+        }
+    }
+    h
 }
 
 async fn produce(shared: &Shared, topic: &str, key: &str, payload: &[u8]) -> anyhow::Result<()> {
@@ -589,7 +708,12 @@ async fn run_playbook(
     // Waits for an SSH permit (agent-wide bound) before the run's deadline starts.
     let session = match shared
         .access
-        .open(&node.hostname, &node.bmc_address, needs_shell(pb))
+        .open(
+            &node.hostname,
+            &node.bmc_address,
+            needs_shell(pb),
+            needs_bmc(pb),
+        )
         .await
     {
         Ok(s) => s,
@@ -623,6 +747,7 @@ async fn run_playbook(
                     limit.as_millis()
                 ),
                 evidence: String::new(),
+                findings: Vec::new(),
             };
             return (RunVerdict::Fail, vec![check]);
         }
@@ -656,6 +781,7 @@ async fn run_playbook(
                     serde_json::Value::String(s) => s,
                     other => other.to_string(),
                 },
+                findings: r.findings.clone(),
             }
         })
         .collect();
@@ -674,6 +800,7 @@ fn not_run(shared: &Shared, name: &str, why: String) -> (RunVerdict, Vec<kiln_st
         measured: serde_json::json!({}),
         message: why,
         evidence: String::new(),
+        findings: Vec::new(),
     };
     (RunVerdict::Fail, vec![check])
 }
@@ -697,5 +824,6 @@ fn target(msg: &NodeMessage) -> NodeTarget {
             i128::from(msg.enqueued_at_ms) * 1_000_000,
         )
         .unwrap_or(time::OffsetDateTime::UNIX_EPOCH),
+        labels: n.labels.clone(),
     }
 }

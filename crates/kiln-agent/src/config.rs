@@ -8,6 +8,7 @@ use config::{Config, Environment, File, FileFormat};
 use serde::{Deserialize, Serialize};
 
 use crate::access::{RedfishSettings, SshSettings};
+use crate::decide::{FailFastSettings, RemediationSettings};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -53,6 +54,12 @@ pub struct AgentConfig {
     /// `host:port` of the Prometheus text endpoint (`GET /metrics`); "off" disables it. Agents
     /// sharing a host need one port each.
     pub metrics_listen: String,
+    /// When a failed attempt dead-letters its node at once (an RMA candidate, a repeated
+    /// fault) instead of after `max_attempts`.
+    pub fail_fast: FailFastSettings,
+    /// Commands run on the node before the next attempt for `reset_gpu` / `reboot` findings
+    /// (none by default).
+    pub remediation: RemediationSettings,
 }
 
 impl Default for AgentConfig {
@@ -77,6 +84,8 @@ impl Default for AgentConfig {
             session_timeout_ms: 10_000,
             kafka: Default::default(),
             metrics_listen: "127.0.0.1:9645".into(),
+            fail_fast: FailFastSettings::default(),
+            remediation: RemediationSettings::default(),
         }
     }
 }
@@ -130,6 +139,9 @@ impl AgentConfig {
             _ => {}
         }
         crate::metrics::listen_address(&self.metrics_listen)?;
+        if self.remediation.timeout_ms == 0 {
+            anyhow::bail!("remediation.timeout_ms must be > 0");
+        }
         Ok(())
     }
 
@@ -209,5 +221,14 @@ mod tests {
         assert!(err.to_string().contains("not both"), "{err}");
         std::fs::write(&p, "playbook = \"a.yaml\"\n[ssh]\nusr = \"x\"\n").expect("write");
         assert!(AgentConfig::load(&p).is_err(), "unknown ssh field refused");
+        std::fs::write(
+            &p,
+            "playbook = \"a.yaml\"\n[fail_fast]\nrma = false\n[remediation]\nreset_gpu = \"nvidia-smi -r -i {gpus}\"\n",
+        )
+        .expect("write");
+        let c = AgentConfig::load(&p).expect("load");
+        assert!(!c.fail_fast.rma && c.fail_fast.repeated);
+        assert_eq!(c.remediation.reset_gpu, "nvidia-smi -r -i {gpus}");
+        assert!(c.remediation.reboot.is_empty());
     }
 }

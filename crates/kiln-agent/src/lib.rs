@@ -8,11 +8,14 @@
 //! - `access`: SSH and Redfish settings, and each run's shell and BMC client.
 //! - `playbooks`: the playbook a node runs, chosen by its `gpu_model`.
 //! - `agent`: the consumer loop and the work on one node.
+//! - `decide`: what a failed attempt leads to besides a retry (dead-letter at once, a
+//!   remediation command first).
 //! - `metrics`: the agent's `GET /metrics` (outcomes, check durations and failures, offsets).
 
 pub mod access;
 pub mod agent;
 pub mod config;
+pub mod decide;
 pub mod metrics;
 pub mod playbooks;
 pub mod watermark;
@@ -20,4 +23,5 @@ pub mod watermark;
 pub use access::{RedfishAuthKind, RedfishSettings, SshSettings};
 pub use agent::{run_agent, DeadLetter, DLQ_SCHEMA_VERSION};
 pub use config::AgentConfig;
+pub use decide::{FailFastSettings, RemediationSettings};
 pub use watermark::Watermark;

@@ -10,10 +10,11 @@ use anyhow::{anyhow, bail};
 use kiln_checks::Playbook;
 
 /// Step kinds that need no shell on the node (the BMC's, and scripted test checks).
-const SHELL_FREE_KINDS: [&str; 5] = [
+const SHELL_FREE_KINDS: [&str; 6] = [
     "bmc_health",
     "bmc_firmware",
     "bmc_sel",
+    "bmc_chassis",
     "bmc_inventory",
     "scripted",
 ];
@@ -110,6 +111,12 @@ pub fn needs_shell(pb: &Playbook) -> bool {
         .any(|s| !SHELL_FREE_KINDS.contains(&s.kind.as_str()))
 }
 
+/// Whether the playbook talks to the BMC (only then is a Redfish client built for a run:
+/// building one loads the trust store, a few milliseconds each time).
+pub fn needs_bmc(pb: &Playbook) -> bool {
+    pb.steps.iter().any(|s| s.kind.starts_with("bmc_"))
+}
+
 fn shared_model(a: &Playbook, b: &Playbook) -> Option<String> {
     if a.gpu_models.is_empty() && b.gpu_models.is_empty() {
         return Some("(none: nodes without GPUs)".into());
@@ -168,12 +175,18 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let bmc = Playbook::load_file(&write(dir.path(), "b", "[]", "bmc_sel")).expect("load");
         assert!(!needs_shell(&bmc));
+        assert!(needs_bmc(&bmc));
         let p = dir.path().join("eth.yaml");
         std::fs::write(
             &p,
             "playbook: e\nchecks:\n - check: ethernet\n   interfaces: [a]\n   mtu: 1500\n",
         )
         .expect("write");
-        assert!(needs_shell(&Playbook::load_file(&p).expect("load")));
+        let eth = Playbook::load_file(&p).expect("load");
+        assert!(needs_shell(&eth));
+        assert!(!needs_bmc(&eth));
+        let chassis =
+            Playbook::load_file(&write(dir.path(), "c", "[]", "bmc_chassis")).expect("load");
+        assert!(!needs_shell(&chassis), "bmc_chassis needs no shell");
     }
 }

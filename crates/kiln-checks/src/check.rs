@@ -2,6 +2,7 @@
 //! (`CheckResult`), and `run_check`, which runs one under its deadline so that a hang,
 //! a panic or an unreachable node becomes `Verdict::Error`, never a stuck agent.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -15,6 +16,8 @@ use time::OffsetDateTime;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
+use crate::finding::Finding;
+use crate::gpu::telemetry::Window;
 use crate::probe::ProbeReport;
 use crate::redfish::RedfishClient;
 use crate::shell::NodeShell;
@@ -33,6 +36,9 @@ pub struct NodeTarget {
     /// When intake registered the node: BMC log entries older than this are history.
     #[serde(with = "time::serde::rfc3339")]
     pub registered_at: OffsetDateTime,
+    /// The manifest's free-form labels (e.g. `mac.enp97s0f0`: the NIC's expected MAC).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// The firmware versions the manifest says the node must run. `None` (or empty) means the
@@ -72,7 +78,15 @@ pub struct CheckContext {
     /// The NVML probe, fetched by the first GPU check that needs it and shared until a
     /// stress step changes the GPUs' state (`invalidate_probe`).
     probe: Mutex<Option<Result<Arc<ProbeReport>, String>>>,
+    /// Readings one step leaves for a later one (InfiniBand counters before stress, telemetry
+    /// sampled during it), by key; at most `MEMO_ENTRIES_MAX`.
+    memo: Mutex<BTreeMap<String, Value>>,
+    /// What `gpu_telemetry` steps sampled while their stress steps ran, by telemetry step.
+    telemetry: Mutex<BTreeMap<String, Vec<Window>>>,
 }
+
+/// Most readings one run keeps for its later steps (a playbook has at most 200 steps).
+pub const MEMO_ENTRIES_MAX: usize = 256;
 
 impl CheckContext {
     pub fn new(node: NodeTarget, deadline: Instant) -> CheckContext {
@@ -82,6 +96,8 @@ impl CheckContext {
             shell: None,
             bmc: None,
             probe: Mutex::new(None),
+            memo: Mutex::new(BTreeMap::new()),
+            telemetry: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -131,6 +147,43 @@ impl CheckContext {
         *self.probe.lock().await = None;
     }
 
+    /// Keeps `value` under `key` for a later step of this run (replacing an earlier one).
+    /// Returns false, keeping nothing, when the run already holds `MEMO_ENTRIES_MAX` keys.
+    pub async fn remember(&self, key: &str, value: Value) -> bool {
+        let mut memo = self.memo.lock().await;
+        if memo.len() >= MEMO_ENTRIES_MAX && !memo.contains_key(key) {
+            return false;
+        }
+        memo.insert(key.to_string(), value);
+        true
+    }
+
+    /// What an earlier step of this run kept under `key`.
+    pub async fn recall(&self, key: &str) -> Option<Value> {
+        self.memo.lock().await.get(key).cloned()
+    }
+
+    /// Keeps a sampling window for telemetry step `step` (one per stress step it names, so at
+    /// most a playbook's step count: the loader checks `during` names earlier steps).
+    pub async fn add_telemetry_window(&self, step: &str, window: Window) {
+        self.telemetry
+            .lock()
+            .await
+            .entry(step.to_string())
+            .or_default()
+            .push(window);
+    }
+
+    /// The windows sampled for telemetry step `step`.
+    pub async fn telemetry_windows(&self, step: &str) -> Vec<Window> {
+        self.telemetry
+            .lock()
+            .await
+            .get(step)
+            .cloned()
+            .unwrap_or_default()
+    }
+
     /// Time left before the deadline (zero once passed).
     pub fn remaining(&self) -> Duration {
         self.deadline.saturating_duration_since(Instant::now())
@@ -176,6 +229,9 @@ pub struct CheckResult {
     /// One line for a person: on `Fail` it names the component and the value that failed.
     pub message: String,
     pub evidence: Value,
+    /// On `Fail`: every fault found, each on its component with the action to take.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<Finding>,
     #[serde(rename = "duration_ms", with = "duration_ms")]
     pub duration: Duration,
 }
@@ -188,6 +244,7 @@ impl CheckResult {
             measured: Value::Null,
             message: message.into(),
             evidence: Value::Null,
+            findings: Vec::new(),
             duration: Duration::ZERO,
         }
     }
@@ -209,18 +266,19 @@ impl CheckResult {
         self
     }
 
-    /// Pass when `problems` is empty, else Fail with the problems joined into the message
-    /// (the first few; `measured` keeps them all under `problems`).
-    pub fn from_problems(
+    /// Pass when `findings` is empty, else Fail with the findings' messages joined into the
+    /// message (the first few; `measured.problems` keeps every message, `findings` the rest).
+    pub fn from_findings(
         name: &str,
-        problems: Vec<String>,
+        findings: Vec<Finding>,
         pass_message: impl Into<String>,
         mut measured: Value,
     ) -> CheckResult {
-        if problems.is_empty() {
+        if findings.is_empty() {
             return CheckResult::pass(name, pass_message).measured(measured);
         }
         const SHOWN_MAX: usize = 6;
+        let problems: Vec<String> = findings.iter().map(|f| f.message.clone()).collect();
         let mut message = problems
             .iter()
             .take(SHOWN_MAX)
@@ -233,7 +291,9 @@ impl CheckResult {
         if let Value::Object(map) = &mut measured {
             map.insert("problems".into(), Value::from(problems));
         }
-        CheckResult::fail(name, message).measured(measured)
+        let mut r = CheckResult::fail(name, message).measured(measured);
+        r.findings = findings;
+        r
     }
 }
 

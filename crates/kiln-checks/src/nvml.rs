@@ -10,25 +10,64 @@ use std::collections::BTreeMap;
 
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::enum_wrappers::device::{
-    EccCounter, MemoryError, RetirementCause, TemperatureSensor,
+    Clock, EccCounter, MemoryError, MemoryLocation, PerformancePolicy, RetirementCause,
+    TemperatureSensor,
 };
 use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
 use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::sys_exports::field_id::{
-    NVML_FI_DEV_REMAPPED_COR, NVML_FI_DEV_REMAPPED_FAILURE, NVML_FI_DEV_REMAPPED_PENDING,
-    NVML_FI_DEV_REMAPPED_UNC,
+    NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_REMAPPED_COR, NVML_FI_DEV_REMAPPED_FAILURE,
+    NVML_FI_DEV_REMAPPED_PENDING, NVML_FI_DEV_REMAPPED_UNC,
 };
 use nvml_wrapper::{Device, Nvml};
 
 use crate::probe::{
-    read_kernel_log, EccCounts, GpuReport, GpuSnapshot, GpuSource, NvLinkState, PcieLink,
-    RetiredPages, RowRemap, NOT_SUPPORTED,
+    parse_smi_query, read_kernel_log, Clocks, EccCounts, GpuReport, GpuSnapshot, GpuSource,
+    NvLinkState, PcieLink, RetiredPages, RowRemap, ServiceStatus, SmiQuery, Violations,
+    NOT_SUPPORTED,
 };
 
 /// NVLinks probed per GPU (NVML_NVLINK_MAX_LINKS in current drivers).
 const NVLINKS_MAX: u32 = 18;
+/// The NVSwitch fabric's service on HGX nodes.
+const FABRIC_MANAGER_UNIT: &str = "nvidia-fabricmanager";
+/// How long a helper command (`nvidia-smi -q`, `systemctl`) may take, through coreutils'
+/// `timeout`: the probe itself has a deadline on the agent's side, but a hung helper would
+/// leave the probe's process behind on the node.
+const HELPER_TIMEOUT_S: &str = "20";
+/// Most helper output read (nvidia-smi -q prints some 20 KiB per GPU).
+const HELPER_OUTPUT_BYTES_MAX: usize = 4 * 1024 * 1024;
+
+/// Runs `program args` under `timeout`; stdout on exit 0, else stdout or the error.
+fn run_bounded(program: &str, args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new("timeout")
+        .arg(HELPER_TIMEOUT_S)
+        .arg(program)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{program}: {e}"))?;
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if text.len() > HELPER_OUTPUT_BYTES_MAX {
+        let mut cut = HELPER_OUTPUT_BYTES_MAX;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+    }
+    if out.status.success() {
+        Ok(text)
+    } else if !text.trim().is_empty() {
+        Err(text)
+    } else {
+        Err(format!(
+            "{program} exited with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
 
 /// NVML, loaded lazily by `snapshot`.
 #[derive(Debug, Default)]
@@ -52,12 +91,38 @@ impl GpuSource for NvmlGpus {
         let count = nvml
             .device_count()
             .map_err(|e| format!("device count: {e}"))?;
+        let smi = match run_bounded("nvidia-smi", &["-q"]) {
+            Ok(text) => parse_smi_query(&text),
+            Err(e) => {
+                snap.errors.push(format!("nvidia-smi -q: {e}"));
+                Default::default()
+            }
+        };
         for index in 0..count {
             match nvml.device_by_index(index) {
-                Ok(dev) => snap.gpus.push(read_gpu(index, &dev, &mut snap.errors)),
+                Ok(dev) => {
+                    let mut g = read_gpu(index, &dev, &mut snap.errors);
+                    let q = g
+                        .pci_bus_id
+                        .as_deref()
+                        .and_then(|p| smi.get(&crate::xid::normalize_pci(p)))
+                        .cloned()
+                        .unwrap_or_default();
+                    let SmiQuery { module_id, fabric } = q;
+                    g.module_id = module_id;
+                    g.fabric = fabric;
+                    snap.gpus.push(g);
+                }
                 Err(e) => snap.errors.push(format!("GPU {index}: cannot open: {e}")),
             }
         }
+        snap.fabric_manager = match run_bounded("systemctl", &["is-active", FABRIC_MANAGER_UNIT]) {
+            // is-active exits non-zero for anything but active; its stdout names the state.
+            Ok(state) | Err(state) => Some(ServiceStatus {
+                unit: FABRIC_MANAGER_UNIT.into(),
+                state: state.trim().lines().last().unwrap_or("unknown").to_string(),
+            }),
+        };
         Ok(snap)
     }
 
@@ -148,10 +213,60 @@ fn read_gpu(index: u32, dev: &Device<'_>, errors: &mut Vec<String>) -> GpuReport
             pending: r.get("retired_pages", dev.are_pages_pending_retired())?,
         })
     })();
+    let ecc_sram = (|| {
+        let c = |e, k| dev.memory_error_counter(e, k, MemoryLocation::SRAM);
+        Some(EccCounts {
+            volatile_corrected: r
+                .get("ecc_sram", c(MemoryError::Corrected, EccCounter::Volatile))?,
+            volatile_uncorrected: r.get(
+                "ecc_sram",
+                c(MemoryError::Uncorrected, EccCounter::Volatile),
+            )?,
+            aggregate_corrected: r
+                .get("ecc_sram", c(MemoryError::Corrected, EccCounter::Aggregate))?,
+            aggregate_uncorrected: r.get(
+                "ecc_sram",
+                c(MemoryError::Uncorrected, EccCounter::Aggregate),
+            )?,
+        })
+    })();
     let row_remap = read_row_remap(dev, &mut r);
     let nvlinks = read_nvlinks(dev, &mut r);
     let temperature_c = r.get("temperature_c", dev.temperature(TemperatureSensor::Gpu));
+    let memory_temperature_c =
+        read_field_u64(dev, NVML_FI_DEV_MEMORY_TEMP, "memory_temperature_c", &mut r)
+            .and_then(|v| u32::try_from(v).ok());
     let power_mw = r.get("power_mw", dev.power_usage());
+    let power_limit_enforced_mw = r.get("power_limit_enforced_mw", dev.enforced_power_limit());
+    let power_limit_default_mw = r.get(
+        "power_limit_default_mw",
+        dev.power_management_limit_default(),
+    );
+    let clocks_mhz = (|| {
+        Some(Clocks {
+            sm: r.get("clocks_mhz", dev.clock_info(Clock::SM))?,
+            memory: r.get("clocks_mhz", dev.clock_info(Clock::Memory))?,
+        })
+    })();
+    let violations_ns = (|| {
+        Some(Violations {
+            power: r
+                .get(
+                    "violations_ns",
+                    dev.violation_status(PerformancePolicy::Power),
+                )?
+                .violation_time,
+            thermal: r
+                .get(
+                    "violations_ns",
+                    dev.violation_status(PerformancePolicy::Thermal),
+                )?
+                .violation_time,
+        })
+    })();
+    let pcie_replays = r
+        .get("pcie_replays", dev.pcie_replay_counter())
+        .map(u64::from);
     let throttle_reasons = r
         .get("throttle_reasons", dev.current_throttle_reasons())
         .map(throttle_names);
@@ -162,16 +277,37 @@ fn read_gpu(index: u32, dev: &Device<'_>, errors: &mut Vec<String>) -> GpuReport
         serial,
         vbios_version,
         pci_bus_id,
+        module_id: None,
         pcie,
         ecc,
+        ecc_sram,
         retired_pages,
         row_remap,
         nvlinks,
         temperature_c,
+        memory_temperature_c,
         power_mw,
+        power_limit_enforced_mw,
+        power_limit_default_mw,
+        clocks_mhz,
+        violations_ns,
+        pcie_replays,
+        fabric: None,
         throttle_reasons,
         unavailable: r.unavailable,
     }
+}
+
+/// One NVML field value as an integer.
+fn read_field_u64(dev: &Device<'_>, id: u32, field: &str, r: &mut Reader<'_>) -> Option<u64> {
+    let samples = r.get(field, dev.field_values_for(&[FieldId(id)]))?;
+    let sample = r.get(field, samples.into_iter().next()?)?;
+    Some(match r.get(field, sample.value)? {
+        SampleValue::U32(v) => u64::from(v),
+        SampleValue::U64(v) => v,
+        SampleValue::I64(v) => u64::try_from(v).unwrap_or(0),
+        SampleValue::F64(v) => v as u64,
+    })
 }
 
 fn read_row_remap(dev: &Device<'_>, r: &mut Reader<'_>) -> Option<RowRemap> {

@@ -9,10 +9,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::xid::{parse_kernel_log, XidEvent};
+use crate::xid::{parse_kernel_log, parse_sxid_log, SxidEvent, XidEvent};
 
-/// Version of the `ProbeReport` layout; bump on incompatible changes.
-pub const PROBE_SCHEMA: u32 = 1;
+/// Version of the `ProbeReport` layout. 2 added the readings under load (power limits,
+/// violation counters, clocks, memory temperature, PCIe replays), SRAM ECC, the fabric state,
+/// the SXM module and SXid events; every addition is optional, so a schema-1 report still reads.
+pub const PROBE_SCHEMA: u32 = 2;
 
 /// `run_probe` exit codes.
 pub const EXIT_OK: i32 = 0;
@@ -36,6 +38,12 @@ pub struct ProbeReport {
     pub gpus: Vec<GpuReport>,
     /// Xid events found in the kernel log since boot.
     pub xid_events: Vec<XidEvent>,
+    /// NVSwitch SXid events found in the kernel log since boot.
+    #[serde(default)]
+    pub sxid_events: Vec<SxidEvent>,
+    /// The Fabric Manager service (`nvidia-fabricmanager`), where the probe could ask.
+    #[serde(default)]
+    pub fabric_manager: Option<ServiceStatus>,
     /// Where the kernel log came from (`/dev/kmsg`, `dmesg`), or why it could not be read.
     pub kernel_log: KernelLogStatus,
     /// Readings that failed for a reason other than "not supported", one line each.
@@ -47,6 +55,20 @@ pub struct NvmlStatus {
     pub available: bool,
     /// Why NVML is unavailable (`available == false`).
     pub error: Option<String>,
+}
+
+/// A systemd unit as `systemctl is-active` saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceStatus {
+    pub unit: String,
+    /// `active`, `inactive`, `failed`, ... as systemctl printed it.
+    pub state: String,
+}
+
+impl ServiceStatus {
+    pub fn active(&self) -> bool {
+        self.state == "active"
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,14 +88,32 @@ pub struct GpuReport {
     pub vbios_version: Option<String>,
     /// e.g. `00000000:3B:00.0`, as NVML writes it.
     pub pci_bus_id: Option<String>,
+    /// The SXM module (baseboard slot) the GPU sits in, 1-based, as `nvidia-smi -q` reports it.
+    pub module_id: Option<u32>,
     pub pcie: Option<PcieLink>,
     pub ecc: Option<EccCounts>,
+    /// ECC errors in on-chip SRAM (caches, register files), as opposed to HBM.
+    pub ecc_sram: Option<EccCounts>,
     pub retired_pages: Option<RetiredPages>,
     pub row_remap: Option<RowRemap>,
     /// One entry per NVLink the GPU has (empty for PCIe cards without NVLink).
     pub nvlinks: Vec<NvLinkState>,
     pub temperature_c: Option<u32>,
+    /// HBM temperature.
+    pub memory_temperature_c: Option<u32>,
     pub power_mw: Option<u32>,
+    /// The power limit in force (the lowest of every limit that applies).
+    pub power_limit_enforced_mw: Option<u32>,
+    /// The board's default power limit (700 W for H100/H200 SXM5).
+    pub power_limit_default_mw: Option<u32>,
+    pub clocks_mhz: Option<Clocks>,
+    /// Time spent throttled since the driver loaded, by cause: cumulative counters, so a
+    /// difference between two samples is the time throttled in between.
+    pub violations_ns: Option<Violations>,
+    /// PCIe replays since the driver loaded (link-level retransmissions).
+    pub pcie_replays: Option<u64>,
+    /// The GPU's NVLink fabric registration (HGX: Fabric Manager must have trained it).
+    pub fabric: Option<FabricState>,
     /// Current clock throttle reasons, by name (see `THROTTLE_REASONS`).
     pub throttle_reasons: Option<Vec<String>>,
     /// Field -> why it is missing (`not_supported` or the NVML error).
@@ -81,6 +121,16 @@ pub struct GpuReport {
 }
 
 impl GpuReport {
+    /// The finding component for this GPU: index, serial, UUID, PCI address, SXM slot.
+    pub fn component(&self) -> crate::finding::Component {
+        crate::finding::Component::new(crate::finding::ComponentKind::Gpu)
+            .index(self.index)
+            .serial(self.serial.clone())
+            .uuid(self.uuid.clone())
+            .pci(self.pci_bus_id.clone())
+            .slot(self.module_id.map(|m| format!("SXM slot {m}")))
+    }
+
     /// `GPU 3 (GPU-8f1c…, 00000000:3B:00.0)`: how messages name a GPU.
     pub fn label(&self) -> String {
         let mut parts = Vec::new();
@@ -104,6 +154,26 @@ pub struct PcieLink {
     pub generation_max: u32,
     pub width_current: u32,
     pub width_max: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Clocks {
+    pub sm: u32,
+    pub memory: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Violations {
+    pub power: u64,
+    pub thermal: u64,
+}
+
+/// `nvidia-smi -q`'s Fabric section: `State` (`Completed` once trained) and `Status`
+/// (`Success`, or the reason it failed).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FabricState {
+    pub state: String,
+    pub status: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -168,6 +238,7 @@ pub struct GpuSnapshot {
     pub cuda_driver_version: Option<i32>,
     pub gpus: Vec<GpuReport>,
     pub errors: Vec<String>,
+    pub fabric_manager: Option<ServiceStatus>,
 }
 
 /// Where GPU readings come from.
@@ -179,31 +250,56 @@ pub trait GpuSource {
     fn kernel_log(&self) -> Result<(String, String), String>;
 }
 
+/// What the probe reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeMode {
+    /// NVML and the kernel log since boot (`kiln probe`).
+    Full,
+    /// NVML only (`kiln probe --sample`): what the telemetry step samples every few seconds
+    /// while stress runs, without re-reading the whole kernel log each time.
+    Sample,
+}
+
 /// Runs the probe: reads the source, parses Xid events out of the kernel log, and returns
 /// the report with the process exit code `kiln probe` should use (`EXIT_*`).
 pub fn run_probe(source: &dyn GpuSource) -> (ProbeReport, i32) {
-    let (log_text, kernel_log) = match source.kernel_log() {
-        Ok((text, from)) => {
-            let lines = text.lines().count() as u64;
-            (
-                text,
-                KernelLogStatus {
-                    source: Some(from),
-                    error: None,
-                    lines,
-                },
-            )
-        }
-        Err(e) => (
+    run_probe_mode(source, ProbeMode::Full)
+}
+
+pub fn run_probe_mode(source: &dyn GpuSource, mode: ProbeMode) -> (ProbeReport, i32) {
+    let (log_text, kernel_log) = match mode {
+        ProbeMode::Sample => (
             String::new(),
             KernelLogStatus {
-                source: None,
-                error: Some(e),
+                source: Some("not read (sample)".into()),
+                error: None,
                 lines: 0,
             },
         ),
+        ProbeMode::Full => match source.kernel_log() {
+            Ok((text, from)) => {
+                let lines = text.lines().count() as u64;
+                (
+                    text,
+                    KernelLogStatus {
+                        source: Some(from),
+                        error: None,
+                        lines,
+                    },
+                )
+            }
+            Err(e) => (
+                String::new(),
+                KernelLogStatus {
+                    source: None,
+                    error: Some(e),
+                    lines: 0,
+                },
+            ),
+        },
     };
     let xid_events = parse_kernel_log(&log_text);
+    let sxid_events = parse_sxid_log(&log_text);
     match source.snapshot() {
         Ok(snap) => {
             let mut errors = snap.errors;
@@ -227,6 +323,8 @@ pub fn run_probe(source: &dyn GpuSource) -> (ProbeReport, i32) {
                     cuda_driver_version: snap.cuda_driver_version,
                     gpus: snap.gpus,
                     xid_events,
+                    sxid_events,
+                    fabric_manager: snap.fabric_manager,
                     kernel_log,
                     errors,
                 },
@@ -245,12 +343,73 @@ pub fn run_probe(source: &dyn GpuSource) -> (ProbeReport, i32) {
                 cuda_driver_version: None,
                 gpus: Vec::new(),
                 xid_events,
+                sxid_events,
+                fabric_manager: None,
                 kernel_log,
                 errors: vec![format!("NVML unavailable: {e}")],
             },
             EXIT_NVML_UNAVAILABLE,
         ),
     }
+}
+
+/// What `nvidia-smi -q` adds to NVML for one GPU (NVML has both, but nvml-wrapper 0.13 wraps
+/// neither and the workspace forbids `unsafe`): the SXM module and the fabric state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SmiQuery {
+    pub module_id: Option<u32>,
+    pub fabric: Option<FabricState>,
+}
+
+/// Parses `nvidia-smi -q`: per `GPU 00000000:18:00.0` section, its `Module ID` (or `Module Id`)
+/// and the `State`/`Status` under `Fabric`. Keyed by the normalised PCI address
+/// (`crate::xid::normalize_pci`).
+pub fn parse_smi_query(text: &str) -> std::collections::BTreeMap<String, SmiQuery> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut current: Option<String> = None;
+    let mut in_fabric: Option<usize> = None;
+    for line in text.lines() {
+        let indent = line.len() - line.trim_start().len();
+        let t = line.trim();
+        if let Some(addr) = t.strip_prefix("GPU ").filter(|_| indent == 0) {
+            let key = crate::xid::normalize_pci(addr);
+            out.entry(key.clone()).or_insert_with(SmiQuery::default);
+            current = Some(key);
+            in_fabric = None;
+            continue;
+        }
+        let Some(key) = &current else { continue };
+        if let Some(fi) = in_fabric {
+            if indent <= fi {
+                in_fabric = None;
+            }
+        }
+        if t == "Fabric" {
+            in_fabric = Some(indent);
+            continue;
+        }
+        let Some((k, v)) = t.split_once(':') else {
+            continue;
+        };
+        let (k, v) = (k.trim(), v.trim().to_string());
+        let Some(entry) = out.get_mut(key) else {
+            continue;
+        };
+        if in_fabric.is_some() {
+            let f = entry.fabric.get_or_insert(FabricState {
+                state: String::new(),
+                status: String::new(),
+            });
+            match k {
+                "State" => f.state = v,
+                "Status" => f.status = v,
+                _ => {}
+            }
+        } else if k.eq_ignore_ascii_case("module id") {
+            entry.module_id = v.parse().ok();
+        }
+    }
+    out
 }
 
 /// A recorded source for tests: `{"snapshot": {...}}` or `{"nvml_error": "..."}`, plus an
@@ -365,6 +524,27 @@ mod tests {
         assert!(!report.nvml.available);
         let json = serde_json::to_string(&report).expect("serialises");
         assert!(json.contains("NVML unavailable: libnvidia-ml.so"), "{json}");
+    }
+
+    #[test]
+    fn smi_query_gives_module_and_fabric_per_gpu() {
+        let text = "\n==============NVSMI LOG==============\n\nAttached GPUs                             : 2\nGPU 00000000:18:00.0\n    Product Name                          : NVIDIA H100 80GB HBM3\n    Module ID                             : 4\n    Fabric\n        State                             : Completed\n        Status                            : Success\n    Inforom Version\n        Image Version                     : G520.0200.00.05\n        State                             : N/A\nGPU 00000000:2A:00.0\n    Module ID                             : 2\n    Fabric\n        State                             : In Progress\n        Status                            : N/A\n";
+        let q = parse_smi_query(text);
+        assert_eq!(q.len(), 2);
+        let a = &q["0000:18:00"];
+        assert_eq!(a.module_id, Some(4));
+        assert_eq!(
+            a.fabric,
+            Some(FabricState {
+                state: "Completed".into(),
+                status: "Success".into()
+            })
+        );
+        let b = &q["0000:2a:00"];
+        assert_eq!(
+            b.fabric.as_ref().map(|f| f.state.as_str()),
+            Some("In Progress")
+        );
     }
 
     #[test]

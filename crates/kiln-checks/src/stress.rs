@@ -1,162 +1,22 @@
 //! Stress steps and their output parsers.
 //!
-//! - `dcgm_diag`: `dcgmi diag -r 3 --json`; the verdict comes from the JSON (per test and
-//!   per GPU `Pass`/`Fail`/`Warn`/`Skip`), not from the exit code.
+//! - `dcgm_diag`: `dcgmi diag -r LEVEL --json`; the verdict comes from the JSON (`dcgm.rs`:
+//!   both the 4.x and 3.x layouts), never the exit code (dcgmi exits non-zero on failures).
 //! - `gpu_burn`: gpu-burn always exits 0, so only its closing `Tested N GPUs:` summary with
 //!   one `GPU i: OK|FAULTY` line per GPU decides; no summary is a failure.
-//! - `command`: any command; passes on the expected exit code (e.g. stress-ng on CPU nodes).
+//! - `command`: any command; passes on the expected exit code (stress-ng `--verify`, which
+//!   exits non-zero when a verification fails).
 
 use std::time::Duration;
 
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::check::{boxed, Check, CheckContext, CheckFuture, CheckResult};
+use crate::dcgm::{evaluate_dcgm, parse_dcgm_json, required_tests, DcgmExpect};
+use crate::finding::{Action, Component, ComponentKind, Finding};
 use crate::gpu::tail;
 use crate::yaml::{Fields, LoadError};
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DcgmResult {
-    pub category: String,
-    pub test: String,
-    /// `None` for node-wide tests (Deployment category).
-    pub gpu: Option<String>,
-    /// Lower case: `pass`, `fail`, `warn`, `skip`, or what DCGM wrote.
-    pub status: String,
-    /// Warning and info texts attached to the result.
-    pub details: Vec<String>,
-}
-
-/// Parses `dcgmi diag --json` (DCGM 2.x/3.x layout: `"DCGM GPU Diagnostic"` ->
-/// `test_categories[]` -> `tests[]` -> `results[]`).
-pub fn parse_dcgm_json(text: &str) -> Result<Vec<DcgmResult>, String> {
-    let doc: Value = serde_json::from_str(text.trim()).map_err(|e| format!("not JSON: {e}"))?;
-    let categories = doc
-        .get("DCGM GPU Diagnostic")
-        .and_then(|d| d.get("test_categories"))
-        .and_then(Value::as_array)
-        .ok_or("no \"DCGM GPU Diagnostic\".test_categories in the JSON")?;
-    let mut out = Vec::new();
-    for c in categories {
-        let category = str_of(c.get("category")).unwrap_or_else(|| "?".into());
-        for t in c
-            .get("tests")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let test = str_of(t.get("name")).unwrap_or_else(|| "?".into());
-            for r in t
-                .get("results")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                let status = str_of(r.get("status"))
-                    .unwrap_or_else(|| "missing".into())
-                    .to_ascii_lowercase();
-                let gpu = r
-                    .get("gpu_ids")
-                    .or_else(|| r.get("gpu_id"))
-                    .and_then(|g| match g {
-                        Value::String(s) => Some(s.clone()),
-                        Value::Number(n) => Some(n.to_string()),
-                        _ => None,
-                    });
-                let mut details = Vec::new();
-                for key in ["warnings", "warning", "info"] {
-                    collect_texts(r.get(key), &mut details);
-                }
-                out.push(DcgmResult {
-                    category: category.clone(),
-                    test: test.clone(),
-                    gpu,
-                    status,
-                    details,
-                });
-            }
-        }
-    }
-    if out.is_empty() {
-        return Err("the JSON holds no test results".into());
-    }
-    Ok(out)
-}
-
-fn str_of(v: Option<&Value>) -> Option<String> {
-    v.and_then(Value::as_str).map(str::to_string)
-}
-
-/// Info and warnings come as a string, a list of strings, or a list of
-/// `{"warning"|"message": ..., "error_id": N}` objects.
-fn collect_texts(v: Option<&Value>, out: &mut Vec<String>) {
-    match v {
-        Some(Value::String(s)) if !s.is_empty() => out.push(s.clone()),
-        Some(Value::Array(items)) => {
-            for i in items {
-                match i {
-                    Value::String(s) => out.push(s.clone()),
-                    Value::Object(o) => {
-                        let text = o
-                            .get("warning")
-                            .or_else(|| o.get("message"))
-                            .and_then(Value::as_str)
-                            .unwrap_or("");
-                        let id = o.get("error_id").and_then(Value::as_i64);
-                        out.push(match id {
-                            Some(id) => format!("{text} (error {id})"),
-                            None => text.to_string(),
-                        });
-                    }
-                    _ => {}
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
-/// Turns DCGM results into a verdict: any `fail` (or `warn` when `warn_fails`) fails and
-/// is named by category, test, GPU and DCGM's text; a status this parser does not know is
-/// an error.
-pub fn evaluate_dcgm(name: &str, results: &[DcgmResult], warn_fails: bool) -> CheckResult {
-    let mut problems = Vec::new();
-    let mut unknown = Vec::new();
-    let mut counts = std::collections::BTreeMap::<String, u64>::new();
-    for r in results {
-        *counts.entry(r.status.clone()).or_default() += 1;
-        let who = match &r.gpu {
-            Some(g) => format!("{} / {} / GPU {g}", r.category, r.test),
-            None => format!("{} / {}", r.category, r.test),
-        };
-        let why = if r.details.is_empty() {
-            String::new()
-        } else {
-            format!(": {}", r.details.join(" | "))
-        };
-        match r.status.as_str() {
-            "pass" | "skip" => {}
-            "fail" => problems.push(format!("{who}: Fail{why}")),
-            "warn" if warn_fails => problems.push(format!("{who}: Warn{why}")),
-            "warn" => {}
-            other => unknown.push(format!("{who}: unrecognised status {other:?}")),
-        }
-    }
-    let measured = json!({ "status_counts": counts });
-    let evidence = serde_json::to_value(results).unwrap_or(Value::Null);
-    if problems.is_empty() && !unknown.is_empty() {
-        return CheckResult::error(name, unknown.join("; "))
-            .measured(measured)
-            .evidence(evidence);
-    }
-    CheckResult::from_problems(
-        name,
-        problems,
-        format!("DCGM diagnostics passed ({} results)", results.len()),
-        measured,
-    )
-    .evidence(evidence)
-}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GpuBurnSummary {
@@ -205,35 +65,54 @@ pub fn parse_gpu_burn(output: &str) -> Option<GpuBurnSummary> {
 pub fn evaluate_gpu_burn(name: &str, output: &str, expected_gpus: u32) -> CheckResult {
     let evidence = json!({ "output_tail": tail(output, 4000) });
     let Some(s) = parse_gpu_burn(output) else {
-        return CheckResult::fail(
-            name,
+        let f = Finding::new(
+            Component::node(),
+            "gpu_burn_no_summary",
+            Action::Investigate,
             "gpu-burn printed no `Tested N GPUs:` summary (killed, crashed or could not start); \
              its exit code is always 0, so this counts as a failure",
         )
-        .evidence(evidence);
+        .with_evidence(tail(output, 400));
+        return CheckResult::from_findings(name, vec![f], "", json!({})).evidence(evidence);
     };
-    let mut problems = Vec::new();
+    let mut findings = Vec::new();
     for (idx, ok) in &s.gpus {
         if !ok {
-            problems.push(format!("GPU {idx}: FAULTY (computation errors under load)"));
+            // Wrong results under full load: NVIDIA's field diagnostic decides the RMA.
+            findings.push(Finding::new(
+                Component::new(ComponentKind::Gpu).index(*idx),
+                "gpu_burn_faulty",
+                Action::Rma,
+                format!("GPU {idx}: FAULTY (computation errors under load); run NVIDIA field diagnostic"),
+            ));
         }
     }
     if s.gpus.len() as u32 != s.tested {
-        problems.push(format!(
-            "summary says {} GPUs tested but lists {}",
-            s.tested,
-            s.gpus.len()
+        findings.push(Finding::new(
+            Component::node(),
+            "gpu_burn_summary",
+            Action::Investigate,
+            format!(
+                "summary says {} GPUs tested but lists {}",
+                s.tested,
+                s.gpus.len()
+            ),
         ));
     }
     if s.tested != expected_gpus {
-        problems.push(format!(
-            "gpu-burn tested {} GPUs, expected {expected_gpus}",
-            s.tested
+        findings.push(Finding::new(
+            Component::new(ComponentKind::Board),
+            "gpu_burn_gpu_count",
+            Action::Reboot,
+            format!(
+                "gpu-burn tested {} GPUs, expected {expected_gpus}",
+                s.tested
+            ),
         ));
     }
-    CheckResult::from_problems(
+    CheckResult::from_findings(
         name,
-        problems,
+        findings,
         format!("gpu-burn: {} GPUs OK", s.tested),
         json!({ "tested": s.tested, "gpus": s.gpus.iter().map(|(i, ok)| json!({"index": i, "ok": ok})).collect::<Vec<_>>() }),
     )
@@ -244,6 +123,10 @@ pub fn evaluate_gpu_burn(name: &str, output: &str, expected_gpus: u32) -> CheckR
 pub enum StressSpec {
     Dcgm {
         command: String,
+        /// `-r` level: 1 quick, 2 medium, 3 long, 4 extra long (adds memtest and pulse test).
+        level: u64,
+        /// Canonical test names that must have run (default: the level's set).
+        tests: Vec<String>,
         warn_fails: bool,
     },
     GpuBurn {
@@ -257,11 +140,20 @@ pub enum StressSpec {
 }
 
 impl StressSpec {
+    /// The command the step runs.
+    pub(crate) fn command_mut(&mut self) -> &mut String {
+        match self {
+            StressSpec::Dcgm { command, .. }
+            | StressSpec::GpuBurn { command, .. }
+            | StressSpec::Command { command, .. } => command,
+        }
+    }
+
     pub const KINDS: [&'static str; 3] = ["dcgm_diag", "gpu_burn", "command"];
 
     pub fn fields(kind: &str) -> &'static [&'static str] {
         match kind {
-            "dcgm_diag" => &["command", "warn_fails"],
+            "dcgm_diag" => &["command", "level", "tests", "warn_fails"],
             "gpu_burn" => &["command", "gpu_count"],
             "command" => &["command", "expect_exit"],
             _ => &[],
@@ -274,12 +166,19 @@ impl StressSpec {
         errors: &mut Vec<LoadError>,
     ) -> Option<StressSpec> {
         Some(match kind {
-            "dcgm_diag" => StressSpec::Dcgm {
-                command: f
-                    .opt_str("command", errors)
-                    .unwrap_or_else(|| "dcgmi diag -r 3 --json".into()),
-                warn_fails: f.opt_bool("warn_fails", errors).unwrap_or(false),
-            },
+            "dcgm_diag" => {
+                let level = f.opt_u64("level", 1..=4, errors).unwrap_or(3);
+                StressSpec::Dcgm {
+                    command: f
+                        .opt_str("command", errors)
+                        .unwrap_or_else(|| format!("dcgmi diag -r {level} --json")),
+                    level,
+                    tests: f
+                        .opt_str_list("tests", None, errors)
+                        .unwrap_or_else(|| required_tests(level)),
+                    warn_fails: f.opt_bool("warn_fails", errors).unwrap_or(false),
+                }
+            }
             "gpu_burn" => StressSpec::GpuBurn {
                 command: f.req_str("command", errors)?,
                 gpu_count: f.opt_u64("gpu_count", 1..=64, errors),
@@ -329,8 +228,18 @@ impl Check for StressCheck {
                 }
             };
             match &self.spec {
-                StressSpec::Dcgm { warn_fails, .. } => match parse_dcgm_json(&out.stdout) {
-                    Ok(results) => evaluate_dcgm(&self.name, &results, *warn_fails),
+                StressSpec::Dcgm {
+                    warn_fails, tests, ..
+                } => match parse_dcgm_json(&out.stdout) {
+                    Ok(report) => evaluate_dcgm(
+                        &self.name,
+                        &report,
+                        &DcgmExpect {
+                            required_tests: tests.clone(),
+                            gpu_count: ctx.node.gpu_count,
+                            warn_fails: *warn_fails,
+                        },
+                    ),
                     Err(e) => CheckResult::error(
                         &self.name,
                         format!(
@@ -357,16 +266,20 @@ impl Check for StressCheck {
                             .measured(measured)
                             .evidence(evidence)
                     } else {
-                        CheckResult::fail(
-                            &self.name,
+                        let f = Finding::new(
+                            Component::node(),
+                            "command_exit",
+                            Action::Investigate,
                             format!(
                                 "`{command}` exited {:?}, expected {expect_exit}: {}",
                                 out.exit_code,
                                 tail(&out.stderr, 200)
                             ),
                         )
-                        .measured(measured)
-                        .evidence(evidence)
+                        .with_evidence(tail(&out.stderr, 400))
+                        .with_evidence(tail(&out.stdout, 400));
+                        CheckResult::from_findings(&self.name, vec![f], "", measured)
+                            .evidence(evidence)
                     }
                 }
             }

@@ -16,6 +16,33 @@ pub struct XidEvent {
     pub detail: String,
     /// Seconds since boot, when the line carries it (dmesg, kmsg).
     pub uptime_s: Option<f64>,
+    /// The log line as read (cut at `LINE_CHARS_MAX`): the evidence an RMA asks for.
+    #[serde(default)]
+    pub line: String,
+}
+
+/// Longest log line kept with an event.
+pub const LINE_CHARS_MAX: usize = 512;
+
+/// Most events of one kind a probe reports: a GPU logging Xids in a loop would otherwise fill
+/// the report. The count beyond is lost; the first `EVENTS_MAX` are kept.
+pub const EVENTS_MAX: usize = 1000;
+
+fn cut_line(line: &str) -> String {
+    line.trim().chars().take(LINE_CHARS_MAX).collect()
+}
+
+/// One NVSwitch error from the kernel log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SxidEvent {
+    /// The NVSwitch's PCI address as the driver wrote it, e.g. `0000:05:00.0`.
+    pub pci: String,
+    pub sxid: u32,
+    /// `Fatal` or `Non-fatal` said the driver.
+    pub fatal: bool,
+    pub detail: String,
+    pub uptime_s: Option<f64>,
+    pub line: String,
 }
 
 impl XidEvent {
@@ -48,7 +75,51 @@ pub fn normalize_pci(addr: &str) -> String {
 
 /// Every Xid event in `log`, in order. Lines that are not Xid reports are skipped.
 pub fn parse_kernel_log(log: &str) -> Vec<XidEvent> {
-    log.lines().filter_map(parse_line).collect()
+    log.lines()
+        .filter_map(parse_line)
+        .take(EVENTS_MAX)
+        .collect()
+}
+
+/// Every SXid event in `log`, in order (at most `EVENTS_MAX`).
+pub fn parse_sxid_log(log: &str) -> Vec<SxidEvent> {
+    log.lines()
+        .filter_map(parse_sxid_line)
+        .take(EVENTS_MAX)
+        .collect()
+}
+
+/// One SXid event from one log line, if the line is one.
+pub fn parse_sxid_line(line: &str) -> Option<SxidEvent> {
+    const MARK: &str = "SXid (";
+    let at = line.find(MARK)?;
+    let prefix = &line[..at];
+    if !prefix.contains("nvswitch") {
+        return None;
+    }
+    let rest = &line[at + MARK.len()..];
+    let close = rest.find(')')?;
+    let pci = rest[..close].trim();
+    let pci = pci.strip_prefix("PCI:").unwrap_or(pci).to_string();
+    let rest = rest[close + 1..]
+        .trim_start()
+        .strip_prefix(':')?
+        .trim_start();
+    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    let sxid: u32 = digits.parse().ok()?;
+    let detail = rest[digits.len()..]
+        .trim_start_matches(',')
+        .trim()
+        .to_string();
+    let severity = detail.split(',').next().unwrap_or("").trim();
+    Some(SxidEvent {
+        pci,
+        sxid,
+        fatal: severity.eq_ignore_ascii_case("fatal"),
+        detail,
+        uptime_s: uptime(prefix.split("nvidia-nvswitch").next().unwrap_or("")),
+        line: cut_line(line),
+    })
 }
 
 /// One Xid event from one log line, if the line is one.
@@ -78,6 +149,7 @@ pub fn parse_line(line: &str) -> Option<XidEvent> {
         pid,
         detail,
         uptime_s: uptime(prefix),
+        line: cut_line(line),
     })
 }
 
@@ -129,6 +201,23 @@ mod tests {
         let events = parse_kernel_log(log);
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].xid, 94);
+    }
+
+    #[test]
+    fn sxid_lines_parse_with_their_severity() {
+        let fatal = "[ 1234.5] nvidia-nvswitch2: SXid (PCI:0000:a6:00.0): 24007, Fatal, Link 44 sourcetrack TCEN0 crumbstore ECC DBE Error";
+        let e = parse_sxid_line(fatal).expect("sxid");
+        assert_eq!(
+            (e.pci.as_str(), e.sxid, e.fatal),
+            ("0000:a6:00.0", 24007, true)
+        );
+        assert_eq!(e.uptime_s, Some(1234.5));
+        let non = "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error (First)";
+        let e = parse_sxid_line(non).expect("sxid");
+        assert!(!e.fatal);
+        assert!(e.detail.starts_with("Non-fatal, Link 32"));
+        assert!(parse_sxid_line("[ 1.0] something SXid (PCI:x): 1, Fatal").is_none());
+        assert_eq!(parse_sxid_log(&format!("{fatal}\nnoise\n{non}\n")).len(), 2);
     }
 
     #[test]

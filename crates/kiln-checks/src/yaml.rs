@@ -1,19 +1,24 @@
-//! A small located YAML tree for the playbook loader, built from saphyr-parser's events.
+//! The playbook loader's view of YAML: saphyr's marked loader (every node with its span),
+//! turned into a small located tree the typed readers below walk.
 //!
 //! Every node keeps its 1-based line, so the loader can name the line of any bad value.
-//! Scalars are kept as written (`1.10` stays "1.10") and resolved by the reader that asks
-//! for a type. Duplicate keys, anchors/aliases, tags and multiple documents are refused:
-//! a playbook is plain data and must mean exactly what it says.
+//! Scalars are kept as written (the loader's early parsing is off: `1.10` stays "1.10") and
+//! resolved by the reader that asks for a type. Duplicate keys (saphyr refuses them), tags
+//! and multiple documents are refused: a playbook is plain data and must mean exactly what it
+//! says. Aliases are expanded by the loader under a node budget, as for manifests.
 
 use std::fmt;
 use std::ops::RangeInclusive;
 
-use saphyr_parser::{Event, Parser, ScalarStyle};
+use saphyr::{MarkedYaml, ScalarStyle, YamlData, YamlLoader};
+use saphyr_parser::Parser;
 
 /// Nesting limit: far above any playbook, far below a stack overflow.
 const DEPTH_MAX: usize = 32;
 /// Node limit for one document: a playbook has a few hundred at most.
 const NODES_MAX: usize = 100_000;
+/// Nodes alias expansion may produce (saphyr's loader enforces it while loading).
+const ALIAS_NODES_MAX: usize = 10_000;
 
 /// One problem in a playbook, with where it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,54 +116,51 @@ fn parse_int(text: &str) -> Option<i64> {
 
 /// Parses one YAML document into a located tree.
 pub(crate) fn parse(input: &str) -> Result<Node, LoadError> {
-    let mut builder = Builder::default();
-    let mut docs = 0usize;
-    for item in Parser::new_from_str(input) {
-        let (event, span) = item.map_err(|e| LoadError {
-            line: e.marker().line(),
-            field: String::new(),
-            reason: format!("not valid YAML: {}", e.info()),
-        })?;
-        let line = span.start.line();
-        match event {
-            Event::StreamStart | Event::StreamEnd | Event::Nothing | Event::DocumentEnd => {}
-            Event::DocumentStart(_) => {
-                docs += 1;
-                if docs > 1 {
-                    return Err(doc_error(line, "more than one YAML document"));
-                }
-            }
-            Event::Alias(_) => {
-                return Err(doc_error(
-                    line,
-                    "aliases (*name) are not allowed in a playbook",
-                ));
-            }
-            Event::Scalar(text, style, anchor, tag) => {
-                reject_anchor_tag(line, anchor, tag.is_some())?;
-                let plain = matches!(style, ScalarStyle::Plain);
-                builder.push(Node {
-                    line,
-                    value: Value::Scalar {
-                        text: text.into_owned(),
-                        plain,
-                    },
-                })?;
-            }
-            Event::SequenceStart(anchor, tag) => {
-                reject_anchor_tag(line, anchor, tag.is_some())?;
-                builder.open(line, Open::Seq(Vec::new()))?;
-            }
-            Event::MappingStart(anchor, tag) => {
-                reject_anchor_tag(line, anchor, tag.is_some())?;
-                builder.open(line, Open::Map(Vec::new(), None))?;
-            }
-            Event::SequenceEnd | Event::MappingEnd => builder.close()?,
-        }
+    let mut loader: YamlLoader<'_, MarkedYaml<'_>> = YamlLoader::default();
+    loader.early_parse(false);
+    loader.alias_limit(ALIAS_NODES_MAX);
+    let mut parser = Parser::new_from_str(input);
+    let scan = |e: &saphyr::ScanError| scan_error(input, e);
+    parser.load(&mut loader, true).map_err(|e| scan(&e))?;
+    if let Some(e) = loader.error() {
+        return Err(scan(e));
     }
-    builder
-        .root
-        .ok_or_else(|| doc_error(1, "empty playbook: expected a mapping"))
+    let mut docs = loader.into_documents();
+    if docs.len() > 1 {
+        return Err(doc_error(
+            docs[1].span.start.line(),
+            "more than one YAML document",
+        ));
+    }
+    let Some(doc) = docs.pop() else {
+        return Err(doc_error(1, "empty playbook: expected a mapping"));
+    };
+    let mut nodes = 0usize;
+    convert(doc, 0, &mut nodes)
+}
+
+/// A loader error. A duplicated key is named as a field (the loader says only where it is).
+fn scan_error(input: &str, e: &saphyr::ScanError) -> LoadError {
+    let line = e.marker().line();
+    if e.info().contains("duplicated key") {
+        let key = input
+            .lines()
+            .nth(line.saturating_sub(1))
+            .map(|l| l.chars().skip(e.marker().col()).collect::<String>())
+            .and_then(|rest| rest.split(':').next().map(str::to_string))
+            .map(|k| k.trim().trim_matches(['"', '\'']).to_string())
+            .unwrap_or_default();
+        return LoadError {
+            line,
+            field: key,
+            reason: "duplicate key".into(),
+        };
+    }
+    LoadError {
+        line,
+        field: String::new(),
+        reason: format!("not valid YAML: {}", e.info()),
+    }
 }
 
 fn doc_error(line: usize, reason: &str) -> LoadError {
@@ -169,93 +171,74 @@ fn doc_error(line: usize, reason: &str) -> LoadError {
     }
 }
 
-fn reject_anchor_tag(line: usize, anchor: usize, tagged: bool) -> Result<(), LoadError> {
-    if anchor != 0 {
-        return Err(doc_error(
-            line,
-            "anchors (&name) are not allowed in a playbook",
-        ));
+const TAGS_REFUSED: &str = "tags (!tag) are not allowed in a playbook";
+
+/// One marked node into the located tree, counting nodes and depth against their limits.
+fn convert(node: MarkedYaml<'_>, depth: usize, nodes: &mut usize) -> Result<Node, LoadError> {
+    let line = node.span.start.line();
+    *nodes += 1;
+    if *nodes > NODES_MAX {
+        return Err(doc_error(line, "too many YAML nodes for a playbook"));
     }
-    if tagged {
-        return Err(doc_error(line, "tags (!tag) are not allowed in a playbook"));
+    if depth > DEPTH_MAX {
+        return Err(doc_error(line, "nested too deeply"));
     }
-    Ok(())
-}
-
-enum Open {
-    Seq(Vec<Node>),
-    /// Entries so far, and a key waiting for its value.
-    Map(Vec<(String, usize, Node)>, Option<(String, usize)>),
-}
-
-#[derive(Default)]
-struct Builder {
-    stack: Vec<(usize, Open)>,
-    root: Option<Node>,
-    nodes: usize,
-}
-
-impl Builder {
-    fn open(&mut self, line: usize, open: Open) -> Result<(), LoadError> {
-        if self.stack.len() >= DEPTH_MAX {
-            return Err(doc_error(line, "nested too deeply"));
+    let value = match node.data {
+        YamlData::Representation(_, _, Some(_)) | YamlData::Tagged(..) => {
+            return Err(doc_error(line, TAGS_REFUSED))
         }
-        self.stack.push((line, open));
-        Ok(())
-    }
-
-    fn close(&mut self) -> Result<(), LoadError> {
-        let Some((line, open)) = self.stack.pop() else {
-            return Err(doc_error(0, "unbalanced YAML events"));
-        };
-        let value = match open {
-            Open::Seq(items) => Value::Seq(items),
-            Open::Map(entries, _) => Value::Map(entries),
-        };
-        self.push(Node { line, value })
-    }
-
-    fn push(&mut self, node: Node) -> Result<(), LoadError> {
-        self.nodes += 1;
-        if self.nodes > NODES_MAX {
-            return Err(doc_error(node.line, "too many YAML nodes for a playbook"));
+        YamlData::Representation(text, style, None) => Value::Scalar {
+            text: text.into_owned(),
+            plain: style == ScalarStyle::Plain,
+        },
+        // Early parsing is off, so scalars stay representations; a resolved one (the loader
+        // resolves none today) is kept as its text.
+        YamlData::Value(s) => Value::Scalar {
+            text: scalar_text(&s),
+            plain: true,
+        },
+        YamlData::Sequence(items) => {
+            let mut out = Vec::with_capacity(items.len());
+            for item in items {
+                out.push(convert(item, depth + 1, nodes)?);
+            }
+            Value::Seq(out)
         }
-        match self.stack.last_mut() {
-            None => {
-                self.root = Some(node);
-                Ok(())
-            }
-            Some((_, Open::Seq(items))) => {
-                items.push(node);
-                Ok(())
-            }
-            Some((_, Open::Map(entries, pending))) => match pending.take() {
-                Some((key, key_line)) => {
-                    entries.push((key, key_line, node));
-                    Ok(())
-                }
-                None => {
-                    let key = match node.value {
-                        Value::Scalar { text, .. } => text,
-                        _ => {
-                            return Err(doc_error(
-                                node.line,
-                                "a mapping key must be a plain string",
-                            ))
-                        }
-                    };
-                    if entries.iter().any(|(k, _, _)| *k == key) {
-                        return Err(LoadError {
-                            line: node.line,
-                            field: key,
-                            reason: "duplicate key".into(),
-                        });
+        YamlData::Mapping(map) => {
+            let mut out = Vec::with_capacity(map.len());
+            for (k, v) in map {
+                let key_line = k.span.start.line();
+                let key = match k.data {
+                    YamlData::Representation(_, _, Some(_)) => {
+                        return Err(doc_error(key_line, TAGS_REFUSED))
                     }
-                    *pending = Some((key, node.line));
-                    Ok(())
+                    YamlData::Representation(text, _, None) => text.into_owned(),
+                    YamlData::Value(s) => scalar_text(&s),
+                    _ => return Err(doc_error(key_line, "a mapping key must be a plain string")),
+                };
+                let mut value = convert(v, depth + 1, nodes)?;
+                // An empty value's span is where the next token starts: the key's line says more.
+                if value.is_null() {
+                    value.line = key_line;
                 }
-            },
+                out.push((key, key_line, value));
+            }
+            Value::Map(out)
         }
+        YamlData::Alias(_) | YamlData::BadValue => {
+            return Err(doc_error(line, "an unsupported YAML value"))
+        }
+    };
+    Ok(Node { line, value })
+}
+
+fn scalar_text(s: &saphyr::Scalar<'_>) -> String {
+    match s {
+        saphyr::Scalar::Null => String::new(),
+        saphyr::Scalar::Boolean(b) => b.to_string(),
+        saphyr::Scalar::Integer(i) => i.to_string(),
+        saphyr::Scalar::FloatingPoint(f) => f.to_string(),
+        saphyr::Scalar::String(s) => s.to_string(),
     }
 }
 
@@ -542,11 +525,11 @@ impl<'n> Fields<'n> {
         ok.then_some(out)
     }
 
-    /// A mapping of string to string whose keys must be in `allowed_keys`.
+    /// A mapping of string to string whose keys, when `allowed_keys` is given, must be in it.
     pub fn opt_str_map(
         &mut self,
         key: &str,
-        allowed_keys: &[&str],
+        allowed_keys: Option<&[&str]>,
         errors: &mut Vec<LoadError>,
     ) -> Option<Vec<(String, String)>> {
         let node = self.take(key)?;
@@ -566,15 +549,17 @@ impl<'n> Fields<'n> {
         let mut ok = true;
         for (k, line, v) in entries {
             let item_key = format!("{key}.{k}");
-            if !allowed_keys.contains(&k.as_str()) {
-                self.err(
-                    errors,
-                    *line,
-                    &item_key,
-                    format!("unknown key; expected one of: {}", allowed_keys.join(", ")),
-                );
-                ok = false;
-                continue;
+            if let Some(allowed_keys) = allowed_keys {
+                if !allowed_keys.contains(&k.as_str()) {
+                    self.err(
+                        errors,
+                        *line,
+                        &item_key,
+                        format!("unknown key; expected one of: {}", allowed_keys.join(", ")),
+                    );
+                    ok = false;
+                    continue;
+                }
             }
             match &v.value {
                 Value::Scalar { text, .. } if !text.trim().is_empty() => {
@@ -589,6 +574,71 @@ impl<'n> Fields<'n> {
                     );
                     ok = false;
                 }
+            }
+        }
+        ok.then_some(out)
+    }
+
+    /// A mapping of names to integers in `range` (e.g. link speed per interface).
+    pub fn opt_u64_map(
+        &mut self,
+        key: &str,
+        range: RangeInclusive<u64>,
+        errors: &mut Vec<LoadError>,
+    ) -> Option<Vec<(String, u64)>> {
+        let node = self.take(key)?;
+        let Value::Map(entries) = &node.value else {
+            self.err(
+                errors,
+                node.line,
+                key,
+                format!(
+                    "expected a mapping of names to integers, got {}",
+                    node.kind()
+                ),
+            );
+            return None;
+        };
+        let mut out = Vec::with_capacity(entries.len());
+        let mut ok = true;
+        for (k, _, v) in entries {
+            match self.node_u64(v, &format!("{key}.{k}"), &range, errors) {
+                Some(n) => out.push((k.clone(), n)),
+                None => ok = false,
+            }
+        }
+        ok.then_some(out)
+    }
+
+    /// A mapping whose values are mappings, each read by `read` with its own `Fields` (whose
+    /// unknown keys `read` reports with `finish`).
+    pub fn opt_map_of<T>(
+        &mut self,
+        key: &str,
+        errors: &mut Vec<LoadError>,
+        mut read: impl FnMut(&str, Fields<'n>, &mut Vec<LoadError>) -> Option<T>,
+    ) -> Option<Vec<(String, T)>> {
+        let node = self.take(key)?;
+        let Value::Map(entries) = &node.value else {
+            self.err(
+                errors,
+                node.line,
+                key,
+                format!("expected a mapping, got {}", node.kind()),
+            );
+            return None;
+        };
+        let mut out = Vec::with_capacity(entries.len());
+        let mut ok = true;
+        for (k, _, v) in entries {
+            let path = format!("{}.{k}", self.path(key));
+            let Some(f) = Fields::of(v, &path, errors) else {
+                ok = false;
+                continue;
+            };
+            match read(k, f, errors) {
+                Some(t) => out.push((k.clone(), t)),
+                None => ok = false,
             }
         }
         ok.then_some(out)
@@ -648,16 +698,45 @@ mod tests {
     }
 
     #[test]
-    fn duplicate_keys_aliases_and_two_documents_are_refused() {
+    fn duplicate_keys_tags_and_two_documents_are_refused() {
         let e = parse("a: 1\nb: 2\na: 3\n").expect_err("duplicate");
         assert_eq!((e.line, e.field.as_str()), (3, "a"));
-        assert!(e.reason.contains("duplicate"));
-        let e = parse("a: &x 1\nb: *x\n").expect_err("anchor");
+        assert!(e.reason.contains("duplicate"), "{e}");
+        let e = parse("x:\n  - k: 1\n    k: 2\n").expect_err("nested duplicate");
+        assert_eq!((e.line, e.field.as_str()), (3, "k"));
+        let e = parse("a: !!str 1\n").expect_err("tag");
         assert_eq!(e.line, 1);
+        assert!(e.reason.contains("tags"), "{e}");
         let e = parse("a: 1\n---\nb: 2\n").expect_err("two docs");
         assert!(e.reason.contains("more than one"), "{e}");
         let e = parse("a: [1, 2\n").expect_err("bad yaml");
         assert!(e.reason.contains("not valid YAML"), "{e}");
+    }
+
+    #[test]
+    fn aliases_expand_within_their_budget() {
+        let doc = parse("a: &x [1, 2]\nb: *x\n").expect("alias");
+        let Value::Map(entries) = &doc.value else {
+            panic!("not a map")
+        };
+        assert!(matches!(&entries[1].2.value, Value::Seq(items) if items.len() == 2));
+        // Each level doubles the one before: 2^20 nodes, far past the budget.
+        let mut bomb = String::from("l0: &l0 [x, x]\n");
+        for i in 1..=20 {
+            bomb.push_str(&format!("l{i}: &l{i} [*l{p}, *l{p}]\n", p = i - 1));
+        }
+        let e = parse(&bomb).expect_err("alias bomb");
+        assert!(e.reason.contains("not valid YAML"), "{e}");
+    }
+
+    #[test]
+    fn empty_values_take_their_key_line() {
+        let doc = parse("a:\nb: 1\n").expect("valid");
+        let Value::Map(entries) = &doc.value else {
+            panic!("not a map")
+        };
+        assert!(entries[0].2.is_null());
+        assert_eq!(entries[0].2.line, 1);
     }
 
     #[test]

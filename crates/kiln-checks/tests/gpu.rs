@@ -1,5 +1,5 @@
 //! GPU checks against a recorded probe (8 x H100, hand-written in the shape `kiln probe`
-//! prints; tests/fixtures/README.md). Each check: the healthy recording passes under the
+//! prints; fixtures/kiln/README.md). Each check: the healthy recording passes under the
 //! shipped h100-sxm playbook; a recording with one fault fails with a message naming the
 //! GPU and the value, and the raw reading in the evidence.
 
@@ -12,7 +12,10 @@ use std::time::Duration;
 use kiln_checks::gpu::GpuThresholds;
 use kiln_checks::playbook::Spec;
 use kiln_checks::probe::{run_probe, ProbeReport, RecordedGpus, EXIT_NVML_UNAVAILABLE, EXIT_OK};
-use kiln_checks::{CheckContext, CheckResult, CommandOutput, Playbook, RecordedShell, Verdict};
+use kiln_checks::{
+    Action, CheckContext, CheckResult, CommandOutput, ComponentKind, Playbook, RecordedShell,
+    Verdict,
+};
 
 fn recording() -> RecordedGpus {
     RecordedGpus::from_json(&common::own_fixture("probe-h100-healthy.json"))
@@ -52,13 +55,15 @@ fn assert_fail(r: &CheckResult, parts: &[&str]) {
 }
 
 #[test]
-fn the_recorded_probe_reads_every_gpu_and_the_xids() {
+fn the_recorded_probe_reads_every_gpu_and_the_fabric() {
     let r = healthy();
     assert_eq!(r.gpus.len(), 8);
     assert_eq!(r.driver_version.as_deref(), Some("550.90.07"));
-    let xids: Vec<u32> = r.xid_events.iter().map(|e| e.xid).collect();
-    assert_eq!(xids, vec![13, 43]);
-    assert_eq!(r.kernel_log.lines, 5);
+    assert!(r.xid_events.is_empty(), "a burn-in node has no Xid");
+    assert_eq!(r.kernel_log.lines, 3);
+    assert_eq!(r.gpus[0].module_id, Some(2));
+    assert_eq!(r.gpus[0].power_limit_default_mw, Some(700_000));
+    assert!(r.fabric_manager.as_ref().is_some_and(|f| f.active()));
 }
 
 #[test]
@@ -73,7 +78,7 @@ fn every_gpu_step_of_the_h100_playbook_passes_on_a_healthy_node() {
             n += 1;
         }
     }
-    assert_eq!(n, 13);
+    assert_eq!(n, 15);
 }
 
 #[test]
@@ -150,11 +155,42 @@ fn gpu_row_remap_fails_on_pending_or_failure() {
             "GPU 4 (GPU-1b2c3d4e",
             "row remapping pending",
             "GPU 7 (GPU-a1b2c3d4",
-            "row remapping failure",
+            "row-remap failure (no spare rows left): run NVIDIA field diagnostic",
         ],
     );
     assert_eq!(res.evidence["gpus"][4]["row_remap"]["pending"], true);
     assert_eq!(res.measured["problems"].as_array().map(Vec::len), Some(2));
+    // A pending remap needs a reset; a failure is an RMA candidate, on the GPU by serial and
+    // SXM slot.
+    assert_eq!(res.findings[0].action, Action::ResetGpu);
+    let fail = &res.findings[1];
+    assert_eq!(
+        (fail.code.as_str(), fail.action),
+        ("row_remap_failure", Action::Rma)
+    );
+    assert_eq!(fail.component.serial.as_deref(), Some("1652323000007"));
+    assert_eq!(fail.component.slot.as_deref(), Some("SXM slot 6"));
+    assert!(
+        fail.evidence[0].contains("failure true"),
+        "{:?}",
+        fail.evidence
+    );
+}
+
+#[test]
+fn gpu_row_remap_not_supported_on_hopper_is_an_error() {
+    let mut r = healthy();
+    r.gpus[2].row_remap = None;
+    r.gpus[2]
+        .unavailable
+        .insert("row_remap".into(), "not_supported".into());
+    let res = eval("gpu_row_remap", &r);
+    assert_eq!(res.verdict, Verdict::Error, "{}", res.message);
+    assert!(
+        res.message.contains("row remapping reported not supported"),
+        "{}",
+        res.message
+    );
 }
 
 #[test]
@@ -208,7 +244,13 @@ fn gpu_nvlink_fails_on_an_inactive_link_or_too_many_errors() {
         res.measured["gpus"][3]["inactive"],
         serde_json::json!([7, 11])
     );
-    // Error counters, when the playbook sets a limit.
+    // Error counters: 0 unless the playbook allows more.
+    let mut r = healthy();
+    r.gpus[6].nvlinks[4].replay_errors = Some(3);
+    assert_fail(
+        &eval("gpu_nvlink", &r),
+        &["GPU 6", "NVLink 4 replay errors = 3 (max 0)"],
+    );
     let t = GpuThresholds::Nvlink(kiln_checks::gpu::Nvlink {
         links_min: Some(18),
         all_active: true,
@@ -232,25 +274,110 @@ fn gpu_nvlink_fails_on_an_inactive_link_or_too_many_errors() {
 }
 
 #[test]
-fn gpu_xid_allows_application_xids_and_fails_on_others() {
+fn gpu_xid_fails_on_any_xid_with_nvidia_class_and_action() {
     let res = eval("gpu_xid", &healthy());
     assert_eq!(res.verdict, Verdict::Pass, "{}", res.message);
-    assert_eq!(res.measured["gpus"][0]["xid_events"], 2);
+    assert_eq!(res.measured["gpus"][0]["xid_events"], 0);
     let mut rec = recording();
     if let Some(log) = rec.kernel_log.as_mut() {
+        log.push_str("[ 3605.123456] NVRM: Xid (PCI:0000:2a:00): 13, pid=48213, name=python3, Graphics SM Warp Exception on (GPC 1, TPC 0, SM 1): Out Of Range Address\n");
         log.push_str("[ 7200.000001] NVRM: Xid (PCI:0000:ab:00): 79, pid=1911, name=gpu_burn, GPU has fallen off the bus.\n");
         log.push_str("[ 7201.5] NVRM: Xid (PCI:0000:3a:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.\n");
+        log.push_str("[ 7202.5] NVRM: Xid (PCI:0000:3a:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 1.\n");
     }
     let (r, _) = run_probe(&rec);
     let res = eval("gpu_xid", &r);
     assert_fail(&res, &[
-        "GPU 5 (GPU-8e7d6c5b-8f0a-4c3e-9b7d-1a2b3c4d5e65, 00000000:AB:00.0): Xid 79 (pid=1911, name=gpu_burn, GPU has fallen off the bus.)",
-        "GPU 2 (GPU-0f1e2d3c-8f0a-4c3e-9b7d-1a2b3c4d5e62, 00000000:3A:00.0): Xid 48",
+        "GPU 5 (GPU-8e7d6c5b-8f0a-4c3e-9b7d-1a2b3c4d5e65, 00000000:AB:00.0): Xid 79 (GPU has fallen off the bus; NVIDIA: RESTART_BM, reboot the node): pid=1911, name=gpu_burn, GPU has fallen off the bus.",
+        "GPU 2 (GPU-0f1e2d3c-8f0a-4c3e-9b7d-1a2b3c4d5e62, 00000000:3A:00.0): Xid 48 (Double Bit ECC Error; NVIDIA: RESET_GPU, reset the GPU) x2",
+        "Xid 13 (Graphics Engine Exception; NVIDIA: RESTART_APP, investigate)",
     ]);
+    // One finding per GPU and Xid, with the log lines as evidence and the catalog's action.
+    let x79 = res
+        .findings
+        .iter()
+        .find(|f| f.code == "xid_79")
+        .expect("79");
+    assert_eq!(x79.action, Action::Reboot);
+    assert_eq!(x79.component.index, Some(5));
+    assert!(
+        x79.evidence[0].contains("NVRM: Xid (PCI:0000:ab:00): 79"),
+        "{:?}",
+        x79.evidence
+    );
+    let x48 = res
+        .findings
+        .iter()
+        .find(|f| f.code == "xid_48")
+        .expect("48");
+    assert_eq!((x48.action, x48.evidence.len()), (Action::ResetGpu, 2));
     let evidence = res.evidence["gpus"].as_array().expect("list");
     assert_eq!(evidence.len(), 4);
-    assert_eq!(evidence[2]["xid"]["xid"], 79);
-    assert_eq!(evidence[2]["allowed"], false);
+    assert_eq!(evidence[1]["xid"]["xid"], 79);
+    assert_eq!(evidence[1]["allowed"], false);
+    // An allow-list still works for sites that want one.
+    let t = GpuThresholds::Xid(kiln_checks::gpu::Xid {
+        allowed: vec![13, 48, 79],
+    });
+    assert_eq!(t.evaluate("x", &r, &common::node(8)).verdict, Verdict::Pass);
+}
+
+#[test]
+fn gpu_fabric_fails_on_fabric_manager_state_and_sxids() {
+    let res = eval("gpu_fabric", &healthy());
+    assert_eq!(res.verdict, Verdict::Pass, "{}", res.message);
+    let mut r = healthy();
+    if let Some(fm) = r.fabric_manager.as_mut() {
+        fm.state = "failed".into();
+    }
+    r.gpus[1].fabric = Some(kiln_checks::probe::FabricState {
+        state: "In Progress".into(),
+        status: "N/A".into(),
+    });
+    r.sxid_events = kiln_checks::xid::parse_sxid_log(
+        "[ 1234.5] nvidia-nvswitch2: SXid (PCI:0000:a6:00.0): 24007, Fatal, Link 44 sourcetrack TCEN0 crumbstore ECC DBE Error\n",
+    );
+    let res = eval("gpu_fabric", &r);
+    assert_fail(
+        &res,
+        &[
+            "nvidia-fabricmanager is failed (must be active on an NVSwitch system)",
+            "GPU 1 (GPU-",
+            "NVLink fabric state \"In Progress\", status \"N/A\"",
+            "NVSwitch 0000:a6:00.0: SXid 24007: Fatal, Link 44",
+        ],
+    );
+    let sxid = res
+        .findings
+        .iter()
+        .find(|f| f.code == "sxid_24007")
+        .expect("sxid");
+    assert_eq!(
+        (sxid.action, sxid.component.kind),
+        (Action::Reboot, ComponentKind::Nvswitch)
+    );
+}
+
+#[test]
+fn gpu_ecc_fails_on_aggregate_and_sram_errors() {
+    let mut r = healthy();
+    if let Some(e) = r.gpus[1].ecc.as_mut() {
+        e.aggregate_uncorrected = 3;
+    }
+    if let Some(e) = r.gpus[6].ecc_sram.as_mut() {
+        e.aggregate_uncorrected = 1;
+    }
+    let res = eval("gpu_ecc", &r);
+    assert_fail(
+        &res,
+        &[
+            "GPU 1 (GPU-",
+            "ECC aggregate (lifetime) uncorrected = 3 (max 0)",
+            "GPU 6 (GPU-",
+            "SRAM ECC aggregate uncorrected = 1 (max 0)",
+        ],
+    );
+    assert_eq!(res.findings[1].action, Action::Rma);
 }
 
 #[test]

@@ -1,12 +1,12 @@
 //! Redfish checks against a real emulator: `sushy-static` (sushy-tools, installed into
 //! .venv by scripts/install-test-deps) serving the DMTF public mockups in
-//! shared/fixtures/redfish. Each test starts its own emulator on a free loopback port and
+//! fixtures/redfish. Each test starts its own emulator on a free loopback port and
 //! kills it at the end. Client behaviour the emulator cannot show (basic and session auth,
 //! retries, timeouts) is tested against a small scripted HTTP server on loopback.
 //!
 //! Env: KILN_SUSHY_STATIC (path to sushy-static; default .venv/bin/sushy-static),
 //! KILN_ALLOW_NO_SUSHY=1 (skip the emulator tests instead of failing when it is missing),
-//! KILN_FIXTURES (shared/fixtures).
+//! (the mockups are read from the repository's fixtures/).
 
 mod common;
 
@@ -125,7 +125,7 @@ impl Sushy {
     }
 }
 
-const ALL_BMC: &str = "playbook: t\nchecks:\n - check: bmc_health\n - check: bmc_firmware\n - check: bmc_sel\n - check: bmc_inventory\n";
+const ALL_BMC: &str = "playbook: t\nchecks:\n - check: bmc_health\n - check: bmc_firmware\n - check: bmc_sel\n - check: bmc_chassis\n - check: bmc_inventory\n";
 
 async fn run_bmc(playbook: &str, node: NodeTarget, bmc: Arc<RedfishClient>) -> PlaybookRun {
     let p = Playbook::parse(playbook).unwrap_or_else(|e| panic!("{e}"));
@@ -143,7 +143,7 @@ fn has(msg: &str, part: &str) {
 }
 
 #[tokio::test]
-async fn rackmount1_fails_on_its_warning_rollup_and_critical_sel_entries() {
+async fn rackmount1_fails_on_its_rollup_its_critical_log_entries_and_its_psu() {
     let Some(sushy) = Sushy::start("public-rackmount1", None) else {
         return;
     };
@@ -160,15 +160,47 @@ async fn rackmount1_fails_on_its_warning_rollup_and_critical_sel_entries() {
 
     let sel = result(&run, "bmc_sel");
     assert_eq!(sel.verdict, Verdict::Fail);
-    has(&sel.message, "SEL 437XR1138R2/Log1 entry 1 at 2012-03-07T14:44:00Z: Critical: Temperature threshold exceeded");
+    has(&sel.message, "log 437XR1138R2/Log1 entry 1 at 2012-03-07T14:44:00Z: Critical: Temperature threshold exceeded");
     has(
         &sel.message,
-        "SEL 437XR1138R2/Log1 entry 2 at 2012-03-07T14:45:00Z: Critical",
+        "log 437XR1138R2/Log1 entry 2 at 2012-03-07T14:45:00Z: Critical",
     );
+    // The Manager's own log, with an `Event` entry, is read too.
+    has(
+        &sel.message,
+        "log Managers/BMC/Log entry 1 at 2012-03-07T14:44:00Z: Critical: System May be Melting (Event.1.0.TempWayTooHot)",
+    );
+    assert_eq!(sel.measured["entries_scanned"], 3);
     assert_eq!(
         sel.evidence["entries"][0]["EntryCode"],
         "Upper Critical - going high"
     );
+    let melt = sel
+        .findings
+        .iter()
+        .find(|f| f.message.contains("Melting"))
+        .expect("manager entry");
+    assert_eq!(melt.action, kiln_checks::Action::Cooling);
+
+    // PSU 1 has a predicted failure and PSU 2 is absent, so redundancy is lost.
+    let chassis = result(&run, "bmc_chassis");
+    assert_eq!(chassis.verdict, Verdict::Fail, "{}", chassis.message);
+    has(
+        &chassis.message,
+        "chassis 1U: PSU 1 Health Warning (Power supply 'PSU 1' has a predicted failure condition.): replace the power supply",
+    );
+    has(
+        &chassis.message,
+        "chassis 1U: power supply redundancy Failover is UnavailableOffline / OK",
+    );
+    let psu = &chassis.findings[0];
+    assert_eq!(psu.component.kind, kiln_checks::ComponentKind::Psu);
+    assert_eq!(psu.component.serial.as_deref(), Some("3488247"));
+    assert_eq!(psu.component.slot.as_deref(), Some("PSU 1"));
+    assert_eq!(psu.action, kiln_checks::Action::Rma);
+    // Every sensor was read; none is past a critical threshold (CPU1 Temp is past caution).
+    assert!(chassis.measured["sensors_read"].as_u64() > Some(40));
+    assert!(!chassis.message.contains("sensor"), "{}", chassis.message);
 
     // FirmwareInventory says `Members@odata.count: 2` but lists 3; BIOS is the third.
     let fw = result(&run, "bmc_firmware");
@@ -211,6 +243,35 @@ async fn firmware_differing_from_the_baseline_fails_naming_component_and_version
 }
 
 #[tokio::test]
+async fn firmware_of_any_inventory_id_is_compared_with_the_playbook_version() {
+    let Some(sushy) = Sushy::start("public-rackmount1", None) else {
+        return;
+    };
+    // The rackmount lists BMC, SS (a storage subsystem) and BIOS; a prefix matches any.
+    let run = run_bmc(
+        "playbook: t\nchecks:\n - check: bmc_firmware\n   inventory_ids: {}\n   versions:\n     SS: \"9.9.9\"\n     \"BI*\": \"P79 v1.45\"\n     HGX_FW_NVSwitch_0: \"96.10.5A.00.01\"\n",
+        common::node(0),
+        sushy.client(),
+    )
+    .await;
+    let fw = &run.results[0];
+    assert_eq!(fw.verdict, Verdict::Fail);
+    has(&fw.message, "SS (Contoso Simple Storage Firmware): version");
+    has(&fw.message, "baseline \"9.9.9\"");
+    has(
+        &fw.message,
+        "HGX_FW_NVSwitch_0: no FirmwareInventory member \"HGX_FW_NVSwitch_0\"",
+    );
+    assert!(
+        !fw.message.contains("BIOS ("),
+        "BIOS matches its baseline: {}",
+        fw.message
+    );
+    assert_eq!(fw.findings.len(), 2);
+    assert_eq!(fw.findings[0].action, kiln_checks::Action::ReflashFirmware);
+}
+
+#[tokio::test]
 async fn sel_entries_before_registration_are_history() {
     let Some(sushy) = Sushy::start("public-rackmount1", None) else {
         return;
@@ -225,8 +286,8 @@ async fn sel_entries_before_registration_are_history() {
     .await;
     let sel = &run.results[0];
     assert_eq!(sel.verdict, Verdict::Pass, "{}", sel.message);
-    assert_eq!(sel.measured["forbidden_before_registration"], 2);
-    assert_eq!(sel.measured["entries_scanned"], 2);
+    assert_eq!(sel.measured["forbidden_before_registration"], 3);
+    assert_eq!(sel.measured["entries_scanned"], 3);
 }
 
 #[tokio::test]
@@ -241,27 +302,30 @@ async fn tower_is_healthy_but_has_downtrained_pcie_links() {
         let r = result(&run, name);
         assert_eq!(r.verdict, Verdict::Pass, "{name}: {}", r.message);
     }
+    // Its PSU 1 reports Warning; both bays are populated and redundancy holds.
+    let chassis = result(&run, "bmc_chassis");
+    assert_eq!(chassis.verdict, Verdict::Fail);
+    assert_eq!(
+        chassis.message,
+        "chassis Tower: PSU 1 Health Warning: replace the power supply"
+    );
+    assert_eq!(chassis.measured["psus_present"], 2);
     assert_eq!(
         result(&run, "bmc_health").measured["systems"][0]["health_rollup"],
         "OK"
     );
     assert_eq!(result(&run, "bmc_firmware").measured["members_listed"], 2);
 
+    // Judged on what the links support: lanes in use below MaxLanes fail; a current
+    // generation below the maximum (Gen2 of Gen3 at idle) does not.
     let inv = result(&run, "bmc_inventory");
     assert_eq!(inv.verdict, Verdict::Fail);
-    has(
-        &inv.message,
-        "PCIe device IntegratedNIC (Simple Two-Port NIC): link Gen2, max Gen3",
-    );
-    has(
-        &inv.message,
-        "PCIe device Slot3 (PCI Device in Slot 3): link Gen2, max Gen3",
-    );
     has(
         &inv.message,
         "PCIe device Slot3 (PCI Device in Slot 3): x2 lanes in use, max x4",
     );
     has(&inv.message, "PCIe device Slot4");
+    assert!(!inv.message.contains("Gen2"), "{}", inv.message);
     assert!(
         !inv.message.contains("GPU"),
         "both GPUs are present and OK: {}",
@@ -302,6 +366,19 @@ async fn tower_is_healthy_but_has_downtrained_pcie_links() {
         ok.results[0].message
     );
 
+    // A minimum generation is compared with what each device supports.
+    let gen = run_bmc(
+        "playbook: t\nchecks:\n - check: bmc_inventory\n   pcie_at_max: false\n   pcie_generation_min: 4\n",
+        node.clone(),
+        sushy.client(),
+    )
+    .await;
+    assert_eq!(gen.results[0].verdict, Verdict::Fail);
+    has(
+        &gen.results[0].message,
+        "PCIe device IntegratedNIC (Simple Two-Port NIC): supports Gen3 at most (min Gen4)",
+    );
+
     // Registered before the 2012 entries: the tower's Critical SEL entries count.
     let mut old = node;
     old.registered_at = datetime!(2012-01-01 00:00 UTC);
@@ -314,7 +391,7 @@ async fn tower_is_healthy_but_has_downtrained_pcie_links() {
     assert_eq!(sel.results[0].verdict, Verdict::Fail);
     has(
         &sel.results[0].message,
-        "SEL 437XR1238R2/Log1 entry 1 at 2012-03-07T14:44:00Z: Critical",
+        "log 437XR1238R2/Log1 entry 1 at 2012-03-07T14:44:00Z: Critical",
     );
 }
 
@@ -713,5 +790,64 @@ async fn a_bmc_that_never_answers_times_out() {
         seen.lock().unwrap_or_else(|p| p.into_inner()).len(),
         3,
         "1 try + 2 retries"
+    );
+}
+
+#[tokio::test]
+async fn collections_are_expanded_in_one_request_where_the_service_can() {
+    const ROOT: &str = r#"{"ProtocolFeaturesSupported": {"ExpandQuery": {"Levels": true}}}"#;
+    let (port, seen) = scripted_server(|req, _| match req.path.as_str() {
+        "/redfish/v1" => Some((200, vec![], ROOT.into())),
+        "/redfish/v1/Chassis?$expand=.($levels=1)" => Some((
+            200,
+            vec![],
+            r#"{"Members": [{"@odata.id": "/redfish/v1/Chassis/A", "Id": "A"}, {"@odata.id": "/redfish/v1/Chassis/B", "Id": "B"}]}"#.into(),
+        )),
+        _ => Some((404, vec![], "{}".into())),
+    })
+    .await;
+    let c = RedfishClient::new(cfg(port, Auth::None)).expect("client");
+    let m = c
+        .members("/redfish/v1/Chassis", true)
+        .await
+        .expect("members");
+    assert_eq!(m.len(), 2);
+    assert_eq!(m[1]["Id"], "B");
+    assert_eq!(
+        seen.lock().unwrap_or_else(|p| p.into_inner()).len(),
+        2,
+        "root + one collection"
+    );
+
+    // A service that claims it and then refuses: the plain collection and each member.
+    let (port, seen) = scripted_server(|req, _| match req.path.as_str() {
+        "/redfish/v1" => Some((200, vec![], ROOT.into())),
+        "/redfish/v1/Chassis" => Some((
+            200,
+            vec![],
+            r#"{"Members": [{"@odata.id": "/redfish/v1/Chassis/A"}]}"#.into(),
+        )),
+        "/redfish/v1/Chassis/A" => Some((200, vec![], r#"{"Id": "A"}"#.into())),
+        _ => Some((501, vec![], "{}".into())),
+    })
+    .await;
+    let c = RedfishClient::new(cfg(port, Auth::None)).expect("client");
+    let m = c
+        .members("/redfish/v1/Chassis", true)
+        .await
+        .expect("members");
+    assert_eq!(m[0]["Id"], "A");
+    let m = c.members("/redfish/v1/Chassis", true).await.expect("again");
+    assert_eq!(m.len(), 1);
+    let paths: Vec<String> = seen
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|s| s.path.clone())
+        .collect();
+    assert_eq!(
+        paths.iter().filter(|p| p.contains("$expand")).count(),
+        1,
+        "asked once: {paths:?}"
     );
 }

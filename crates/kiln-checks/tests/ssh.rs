@@ -379,6 +379,6 @@ async fn infiniband_check_over_real_ssh() {
     assert_eq!(r.verdict, Verdict::Fail, "{}", r.message);
     assert_eq!(
         r.message,
-        "mlx5_6 port 1: state \"2: INIT\", expected ACTIVE; mlx5_8 port 1: state \"2: INIT\", expected ACTIVE"
+        "mlx5_6 port 1: state \"2: INIT\", expected ACTIVE (link up, but the subnet manager has not configured the port); mlx5_8 port 1: state \"2: INIT\", expected ACTIVE (link up, but the subnet manager has not configured the port)"
     );
 }

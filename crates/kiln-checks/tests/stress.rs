@@ -6,41 +6,156 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kiln_checks::stress::{evaluate_dcgm, evaluate_gpu_burn, parse_dcgm_json, parse_gpu_burn};
-use kiln_checks::{CheckContext, CheckResult, LocalShell, Playbook, Verdict};
+use kiln_checks::dcgm::{evaluate_dcgm, parse_dcgm_json, required_tests, DcgmExpect, DcgmReport};
+use kiln_checks::stress::{evaluate_gpu_burn, parse_gpu_burn, StressSpec};
+use kiln_checks::{Action, CheckContext, CheckResult, LocalShell, Playbook, Verdict};
 
 fn fixture_path(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
+    common::fixtures().join("kiln").join(name)
+}
+
+fn expect(gpus: u32) -> DcgmExpect {
+    DcgmExpect {
+        required_tests: required_tests(3),
+        gpu_count: gpus,
+        warn_fails: false,
+    }
+}
+
+fn dcgm(name: &str) -> DcgmReport {
+    parse_dcgm_json(&common::own_fixture(name)).expect("parses")
 }
 
 #[test]
-fn dcgm_passing_run_passes_and_counts_skips() {
-    let results = parse_dcgm_json(&common::own_fixture("dcgm-diag-r3-pass.json")).expect("parses");
-    // 9 deployment tests + 6 per-GPU tests on 2 GPUs.
-    assert_eq!(results.len(), 9 + 6 * 2);
-    let r = evaluate_dcgm("dcgm_diag", &results, false);
+fn dcgm4_passing_run_passes_with_every_required_test_on_every_gpu() {
+    let report = dcgm("dcgm4-diag-r3-pass.json");
+    assert_eq!(report.layout, "4.x");
+    assert_eq!(report.version.as_deref(), Some("4.6.0"));
+    assert_eq!(report.results.len(), 7 * 8);
+    assert_eq!(report.serials[&3], "1652323000003");
+    let r = evaluate_dcgm("dcgm_diag", &report, &expect(8));
     assert_eq!(r.verdict, Verdict::Pass, "{}", r.message);
-    assert_eq!(r.message, "DCGM diagnostics passed (21 results)");
-    assert_eq!(r.measured["status_counts"]["skip"], 2);
     assert_eq!(
-        r.evidence[9]["details"][0],
-        "GPU 0 GPU to Host bandwidth: 51.79 GB/s"
+        r.message,
+        "DCGM 4.x diagnostics passed: 7 required tests on 8 GPUs (56 results)"
+    );
+    assert_eq!(r.measured["gpus_covered"]["targeted_power"], 8);
+}
+
+#[test]
+fn dcgm4_failure_keeps_error_id_category_and_severity_and_names_the_gpu() {
+    let report = dcgm("dcgm4-diag-r3-fail.json");
+    let r = evaluate_dcgm("dcgm_diag", &report, &expect(8));
+    assert_eq!(r.verdict, Verdict::Fail);
+    assert_eq!(r.findings.len(), 2, "{:?}", r.findings);
+    let mem = &r.findings[0];
+    assert_eq!(
+        mem.message,
+        "Hardware / memory / GPU 3: Fail: Found 4 faulty memory elements on GPU 3 (DCGM_FR_FAULTY_MEMORY, error 52, severity ISOLATE, category HARDWARE_MEMORY)"
+    );
+    assert_eq!(mem.code, "DCGM_FR_FAULTY_MEMORY");
+    assert_eq!(mem.action, Action::Rma);
+    assert_eq!(mem.component.index, Some(3));
+    assert_eq!(mem.component.serial.as_deref(), Some("1652323000003"));
+    assert_eq!(mem.evidence[0], "Found 4 faulty memory elements on GPU 3");
+    let power = &r.findings[1];
+    assert_eq!(power.code, "DCGM_FR_THERMAL_VIOLATIONS");
+    assert_eq!(power.action, Action::Cooling);
+    // The raw warnings stay in the evidence with their numbers.
+    let warnings = &r.evidence["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .find(|x| x["canonical"] == "memory" && x["status"] == "fail")
+        .expect("failed memory result")["warnings"][0];
+    assert_eq!(
+        (
+            warnings["error_id"].as_u64(),
+            warnings["category"].as_i64(),
+            warnings["severity"].as_i64()
+        ),
+        (Some(52), Some(10), Some(2))
     );
 }
 
 #[test]
-fn dcgm_failure_names_category_test_gpu_and_dcgm_text() {
-    let results = parse_dcgm_json(&common::own_fixture("dcgm-diag-r3-fail.json")).expect("parses");
-    let r = evaluate_dcgm("dcgm_diag", &results, false);
+fn dcgm4_required_test_skipped_or_absent_fails() {
+    let r = evaluate_dcgm("dcgm_diag", &dcgm("dcgm4-diag-r3-skip.json"), &expect(8));
+    assert_eq!(r.verdict, Verdict::Fail);
+    assert!(
+        r.message
+            .contains("required DCGM test targeted_power was skipped on every entity"),
+        "{}",
+        r.message
+    );
+    assert!(
+        r.message
+            .contains("required DCGM test memory_bandwidth is absent from the report"),
+        "{}",
+        r.message
+    );
+    // Required tests are the playbook's to choose.
+    let lenient = DcgmExpect {
+        required_tests: vec!["software".into(), "memory".into()],
+        ..expect(8)
+    };
+    let r = evaluate_dcgm("dcgm_diag", &dcgm("dcgm4-diag-r3-skip.json"), &lenient);
+    assert_eq!(r.verdict, Verdict::Pass, "{}", r.message);
+}
+
+#[test]
+fn dcgm4_fewer_gpus_covered_than_the_node_has_fails() {
+    let r = evaluate_dcgm("dcgm_diag", &dcgm("dcgm4-diag-r3-7gpus.json"), &expect(8));
+    assert_eq!(r.verdict, Verdict::Fail);
+    assert!(
+        r.message
+            .contains("DCGM test software covered 7 GPUs (0, 1, 2, 3, 5, 6, 7), the node has 8"),
+        "{}",
+        r.message
+    );
+    assert_eq!(r.findings.len(), 7, "every required test is short of GPU 4");
+}
+
+#[test]
+fn dcgm3_layout_still_reads_and_fails_on_its_skip_and_failure() {
+    let report = dcgm("dcgm3-diag-r3-pass.json");
+    assert_eq!(report.layout, "3.x");
+    // 9 deployment tests + 6 per-GPU tests on 2 GPUs.
+    assert_eq!(report.results.len(), 9 + 6 * 2);
+    // Memory Bandwidth was skipped on both GPUs: the r3 set requires it.
+    let r = evaluate_dcgm("dcgm_diag", &report, &expect(2));
     assert_eq!(r.verdict, Verdict::Fail);
     assert_eq!(
         r.message,
-        "Hardware / GPU Memory / GPU 1: Fail: Error using CUDA API cudaMalloc Detected 2 double-bit ECC error(s) on GPU 1. (error 35) | Allocated 81046290432 bytes (99.9%)"
+        "required DCGM test memory_bandwidth was skipped on every entity"
     );
-    // A Warn fails only when the playbook says so.
-    let r = evaluate_dcgm("dcgm_diag", &results, true);
+    let without_bw = DcgmExpect {
+        required_tests: required_tests(3)
+            .into_iter()
+            .filter(|t| t != "memory_bandwidth")
+            .collect(),
+        ..expect(2)
+    };
+    let r = evaluate_dcgm("dcgm_diag", &report, &without_bw);
+    assert_eq!(r.verdict, Verdict::Pass, "{}", r.message);
+    assert_eq!(r.measured["status_counts"]["skip"], 2);
+
+    let r = evaluate_dcgm("dcgm_diag", &dcgm("dcgm3-diag-r3-fail.json"), &without_bw);
+    assert_eq!(r.verdict, Verdict::Fail);
+    assert_eq!(
+        r.findings[0].message,
+        "Hardware / GPU Memory / GPU 1: Fail: Error using CUDA API cudaMalloc Detected 2 double-bit ECC error(s) on GPU 1. (DCGM_FR_FIELD_VIOLATION_DBL, error 35, severity ISOLATE, category SOFTWARE_LIBRARY)"
+    );
+    assert_eq!(
+        r.findings.len(),
+        1,
+        "a Warn fails only when the playbook says so"
+    );
+    let strict = DcgmExpect {
+        warn_fails: true,
+        ..without_bw
+    };
+    let r = evaluate_dcgm("dcgm_diag", &dcgm("dcgm3-diag-r3-fail.json"), &strict);
     assert!(
         r.message
             .contains("Stress / Targeted Power / GPU 1: Warn: Clocks throttled by power capping"),
@@ -55,24 +170,43 @@ fn dcgm_output_that_is_not_a_diag_report_is_refused() {
         .expect_err("not json")
         .contains("not JSON"));
     let e = parse_dcgm_json(r#"{"version": "3.3.7"}"#).expect_err("wrong shape");
-    assert!(
-        e.contains("no \"DCGM GPU Diagnostic\".test_categories"),
-        "{e}"
-    );
+    assert!(e.contains("neither \"DCGM Diagnostic\""), "{e}");
     let e =
         parse_dcgm_json(r#"{"DCGM GPU Diagnostic": {"test_categories": []}}"#).expect_err("empty");
     assert!(e.contains("no test results"), "{e}");
     let odd = parse_dcgm_json(
-        r#"{"DCGM GPU Diagnostic": {"test_categories": [{"category": "Hardware", "tests": [{"name": "Diagnostic", "results": [{"gpu_ids": "0", "status": "Exploded"}]}]}]}}"#,
+        r#"{"DCGM Diagnostic": {"test_categories": [{"category": "Hardware", "tests": [{"name": "diagnostic", "results": [{"entity_group": "GPU", "entity_id": 0, "status": "Exploded"}]}]}]}}"#,
     )
     .expect("parses");
-    let r = evaluate_dcgm("dcgm_diag", &odd, false);
+    let r = evaluate_dcgm(
+        "dcgm_diag",
+        &odd,
+        &DcgmExpect {
+            required_tests: vec![],
+            gpu_count: 1,
+            warn_fails: false,
+        },
+    );
     assert_eq!(r.verdict, Verdict::Error);
     assert!(
         r.message.contains("unrecognised status \"exploded\""),
         "{}",
         r.message
     );
+}
+
+#[test]
+fn dcgm_level_sets_the_command_and_the_required_tests() {
+    let p = Playbook::parse("playbook: t\nchecks:\n - check: dcgm_diag\n   level: 4\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    match &p.steps[0].spec {
+        kiln_checks::playbook::Spec::Stress(StressSpec::Dcgm { command, tests, .. }) => {
+            assert_eq!(command, "dcgmi diag -r 4 --json");
+            assert!(tests.contains(&"memtest".to_string()));
+            assert!(tests.contains(&"pulse_test".to_string()));
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 async fn run_one(playbook: &str, gpus: u32) -> CheckResult {
@@ -91,14 +225,14 @@ async fn dcgm_step_parses_the_json_whatever_the_exit_code() {
     let r = run_one(
         &format!(
             "playbook: t\nchecks:\n - check: dcgm_diag\n   command: cat {}; exit 226\n",
-            fixture_path("dcgm-diag-r3-fail.json").display()
+            fixture_path("dcgm4-diag-r3-fail.json").display()
         ),
-        2,
+        8,
     )
     .await;
     assert_eq!(r.verdict, Verdict::Fail);
     assert!(
-        r.message.starts_with("Hardware / GPU Memory / GPU 1: Fail"),
+        r.message.starts_with("Hardware / memory / GPU 3: Fail"),
         "{}",
         r.message
     );
@@ -143,8 +277,13 @@ fn gpu_burn_summary_decides() {
     let faulty = BURN_OK.replace("\tGPU 1: OK", "\tGPU 1: FAULTY");
     let r = evaluate_gpu_burn("gpu_burn", &faulty, 2);
     assert_eq!(r.verdict, Verdict::Fail);
-    assert_eq!(r.message, "GPU 1: FAULTY (computation errors under load)");
+    assert_eq!(
+        r.message,
+        "GPU 1: FAULTY (computation errors under load); run NVIDIA field diagnostic"
+    );
     assert_eq!(r.measured["gpus"][1]["ok"], false);
+    assert_eq!(r.findings[0].action, Action::Rma);
+    assert_eq!(r.findings[0].component.index, Some(1));
 
     let r = evaluate_gpu_burn("gpu_burn", BURN_OK, 8);
     assert_eq!(r.verdict, Verdict::Fail);
@@ -188,5 +327,5 @@ async fn gpu_burn_step_ignores_its_exit_code() {
     )
     .await;
     assert_eq!(r.verdict, Verdict::Fail);
-    assert_eq!(r.message, "GPU 0: FAULTY (computation errors under load)");
+    assert!(r.message.starts_with("GPU 0: FAULTY"), "{}", r.message);
 }

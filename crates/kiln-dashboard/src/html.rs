@@ -1,29 +1,14 @@
-//! HTML building blocks: escaping, URL path segments, the page frame (inline CSS, a small
-//! inline auto-refresh script; nothing loaded from elsewhere), state progress bars, times.
+//! HTML building blocks: URL path segments, the page frame (inline CSS, a small inline
+//! auto-refresh script; nothing loaded from elsewhere), state chips and progress bars, times.
 //!
-//! Every string that came from a manifest, an agent or the broker goes through [`esc`] (text
-//! and attribute values) or [`path_segment`] (inside URLs) before it reaches a page.
+//! Pages are maud templates: every interpolated string (from a manifest, an agent or the
+//! broker) is escaped by the template engine; inside URLs it goes through [`path_segment`] too.
 
 use std::fmt::Write as _;
 
 use kiln_store::dashboard::RackSummary;
 use kiln_store::NodeState;
-
-/// Escapes text for HTML element content and quoted attribute values.
-pub fn esc(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 /// Percent-encodes one URL path segment: everything but RFC 3986 unreserved characters.
 pub fn path_segment(text: &str) -> String {
@@ -57,6 +42,11 @@ pub fn state_class(state: NodeState) -> &'static str {
     }
 }
 
+/// A state as a coloured chip.
+pub fn chip(state: NodeState) -> Markup {
+    html! { span class={ "chip " (state_class(state)) } { (state.as_str()) } }
+}
+
 /// Order in bars and tables: done first, then the work still to do.
 pub const STATE_ORDER: [NodeState; 5] = [
     NodeState::Passed,
@@ -83,6 +73,8 @@ th{background:#eef0f3;font-weight:600}td.num,th.num{text-align:right;font-varian
 .v-warn{color:#b07a00;font-weight:600}.v-skip{color:#667}\
 pre{background:#f0f2f5;padding:.5rem;overflow:auto;max-height:24rem;white-space:pre-wrap;word-break:break-all}\
 .muted{color:#667}.error{background:#fde8e7;border:1px solid #c8322d;padding:.5rem}\
+.act{display:inline-block;padding:0 .4rem;border-radius:3px;color:#fff;background:#5a6b7d}\
+.act-rma{background:#c8322d}.act-hands{background:#e6a317;color:#000}\
 .legend span{margin-right:1rem}.legend i{display:inline-block;width:.8rem;height:.8rem;margin-right:.3rem}";
 
 /// Reloads the page every `secs` seconds unless the operator unticked the box (kept in
@@ -93,56 +85,60 @@ var k='kiln-dashboard-auto';b.checked=localStorage.getItem(k)!=='off';\
 b.onchange=function(){localStorage.setItem(k,b.checked?'on':'off')};\
 setTimeout(function(){if(b.checked)location.reload()},Number(b.dataset.secs)*1000);})();";
 
-/// A whole page: `title` is escaped here; `body` must already be safe HTML. `refresh_secs`
-/// 0: the page does not reload itself (error pages).
-pub fn page(title: &str, refresh_secs: u64, body: &str) -> String {
-    let refresh = if refresh_secs == 0 {
-        String::new()
-    } else {
-        format!(
-            "<label class=\"muted\" style=\"margin-left:auto;color:#cfd5dd\">\
-             <input type=\"checkbox\" id=\"auto\" data-secs=\"{refresh_secs}\"> \
-             auto-refresh {refresh_secs}s</label>"
-        )
-    };
-    format!(
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">\
-         <title>{title} · Kiln</title><style>{CSS}</style></head><body>\
-         <header><a class=\"brand\" href=\"/\">Kiln burn-in</a><a href=\"/\">Racks</a>\
-         <a href=\"/dead-letters\">Dead letters</a><a href=\"/lag\">Consumer lag</a>\
-         {refresh}</header><main>{body}</main><script>{REFRESH_JS}</script></body></html>",
-        title = esc(title),
-    )
+/// A whole page. `refresh_secs` 0: the page does not reload itself (error pages). The CSS
+/// and script are this module's constants, the only markup not built by a template.
+pub fn page(title: &str, refresh_secs: u64, body: Markup) -> String {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width,initial-scale=1";
+                title { (title) " · Kiln" }
+                style { (PreEscaped(CSS)) }
+            }
+            body {
+                header {
+                    a class="brand" href="/" { "Kiln burn-in" }
+                    a href="/" { "Racks" }
+                    a href="/dead-letters" { "Dead letters" }
+                    a href="/lag" { "Consumer lag" }
+                    @if refresh_secs > 0 {
+                        label class="muted" style="margin-left:auto;color:#cfd5dd" {
+                            input type="checkbox" id="auto" data-secs=(refresh_secs);
+                            " auto-refresh " (refresh_secs) "s"
+                        }
+                    }
+                }
+                main { (body) }
+                script { (PreEscaped(REFRESH_JS)) }
+            }
+        }
+    }
+    .into_string()
 }
 
 /// A stacked bar of a rack's states, widths in proportion to the counts.
-pub fn state_bar(summary: &RackSummary) -> String {
+pub fn state_bar(summary: &RackSummary) -> Markup {
     let total = summary.total();
-    let mut out = String::from("<div class=\"bar\" role=\"img\" aria-label=\"");
     let label: Vec<String> = STATE_ORDER
         .iter()
         .map(|s| format!("{} {}", summary.count(*s), s.as_str()))
         .collect();
-    out.push_str(&esc(&label.join(", ")));
-    out.push_str("\">");
-    if total > 0 {
-        for state in STATE_ORDER {
-            let n = summary.count(state);
-            if n == 0 {
-                continue;
+    html! {
+        div class="bar" role="img" aria-label=(label.join(", ")) {
+            @if total > 0 {
+                @for state in STATE_ORDER {
+                    @let n = summary.count(state);
+                    @if n > 0 {
+                        span class=(state_class(state))
+                            style=(format!("width:{:.3}%", n as f64 * 100.0 / total as f64))
+                            title=(format!("{n} {}", state.as_str())) {}
+                    }
+                }
             }
-            let pct = n as f64 * 100.0 / total as f64;
-            let _ = write!(
-                out,
-                "<span class=\"{}\" style=\"width:{pct:.3}%\" title=\"{n} {}\"></span>",
-                state_class(state),
-                state.as_str()
-            );
         }
     }
-    out.push_str("</div>");
-    out
 }
 
 /// Percentage of `part` in `whole`, one decimal ("0.0" for an empty whole).
@@ -186,11 +182,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn escaping_and_paths() {
-        assert_eq!(
-            esc("<script>alert('x')</script>&\"q\""),
-            "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&amp;&quot;q&quot;"
-        );
+    fn paths_and_pages() {
+        let p = page("<script>alert('x')</script>", 5, html! { p { "&\"q\"" } });
+        assert!(p.contains("<title>&lt;script&gt;alert('x')&lt;/script&gt; · Kiln</title>"));
+        assert!(p.contains("<p>&amp;&quot;q&quot;</p>"), "{p}");
+        assert!(p.contains("data-secs=\"5\""));
+        assert!(!page("t", 0, html! {}).contains("id=\"auto\""));
         assert_eq!(path_segment("rack a/../b?x=1"), "rack%20a%2F..%2Fb%3Fx%3D1");
         assert_eq!(path_segment("gpu-a-01.dc"), "gpu-a-01.dc");
         assert_eq!(path_segment("é"), "%C3%A9");
@@ -201,7 +198,7 @@ mod tests {
         let mut s = RackSummary::new("r");
         s.counts.insert(NodeState::Passed, 3);
         s.counts.insert(NodeState::Queued, 1);
-        let bar = state_bar(&s);
+        let bar = state_bar(&s).into_string();
         assert!(bar.contains("st-passed\" style=\"width:75.000%"), "{bar}");
         assert!(bar.contains("st-queued\" style=\"width:25.000%"), "{bar}");
         assert!(

@@ -3,8 +3,9 @@
 //! one HTML document with inline CSS and a few lines of inline script for auto-refresh.
 //!
 //! Pages: `/` (racks with per-state counts and progress, totals, the lag chart),
-//! `/racks/{rack}`, `/nodes/{hostname}` (runs, each check's verdict, measured values and
-//! evidence), `/dead-letters`, `/lag`, and `/healthz`. See docs/dashboard.md.
+//! `/racks/{rack}`, `/nodes/{hostname}` (the cycle's components with their findings across
+//! attempts, then runs, each check's verdict, measured values and evidence), `/dead-letters`
+//! (`?action=rma` filters by action), `/lag`, and `/healthz`. See docs/dashboard.md.
 //!
 //! Embedding: [`serve`] runs the dashboard on a bound listener until `shutdown` completes;
 //! [`router`] gives the axum router alone (tests, other servers).
@@ -19,12 +20,13 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use kiln_store::Store;
+use maud::{html, Markup};
 use tokio::net::TcpListener;
 
 use crate::lag::{LagHistory, LagSampler};
@@ -179,7 +181,7 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-fn html(status: StatusCode, title: &str, refresh: u64, body: &str) -> Response {
+fn page(status: StatusCode, title: &str, refresh: u64, body: Markup) -> Response {
     (
         status,
         [
@@ -193,14 +195,11 @@ fn html(status: StatusCode, title: &str, refresh: u64, body: &str) -> Response {
 
 fn store_error(e: kiln_store::StoreError) -> Response {
     tracing::error!("dashboard: store query failed: {e}");
-    html(
+    page(
         StatusCode::INTERNAL_SERVER_ERROR,
         "Error",
         0,
-        &format!(
-            "<h1>Cannot read the results store</h1><p class=\"error\">{}</p>",
-            html::esc(&e.to_string())
-        ),
+        html! { h1 { "Cannot read the results store" } p class="error" { (e.to_string()) } },
     )
 }
 
@@ -208,7 +207,7 @@ async fn overview(State(s): State<AppState>) -> Response {
     match s.store.rack_summaries().await {
         Ok(racks) => {
             let body = pages::overview(&racks, &s.lag_snapshot(), now_ms());
-            html(StatusCode::OK, "Racks", s.config.refresh_secs, &body)
+            page(StatusCode::OK, "Racks", s.config.refresh_secs, body)
         }
         Err(e) => store_error(e),
     }
@@ -216,20 +215,20 @@ async fn overview(State(s): State<AppState>) -> Response {
 
 async fn rack(State(s): State<AppState>, Path(rack): Path<String>) -> Response {
     match s.store.rack_nodes(&rack).await {
-        Ok(Some(nodes)) => html(
+        Ok(Some(nodes)) => page(
             StatusCode::OK,
             &format!("Rack {rack}"),
             s.config.refresh_secs,
-            &pages::rack(&rack, &nodes),
+            pages::rack(&rack, &nodes),
         ),
-        Ok(None) => html(
+        Ok(None) => page(
             StatusCode::NOT_FOUND,
             "Unknown rack",
             0,
-            &format!(
-                "<h1>No rack {}</h1><p>The store has no rack by that name. <a href=\"/\">All racks</a></p>",
-                html::esc(&rack)
-            ),
+            html! {
+                h1 { "No rack " (rack) }
+                p { "The store has no rack by that name. " a href="/" { "All racks" } }
+            },
         ),
         Err(e) => store_error(e),
     }
@@ -237,32 +236,65 @@ async fn rack(State(s): State<AppState>, Path(rack): Path<String>) -> Response {
 
 async fn node(State(s): State<AppState>, Path(hostname): Path<String>) -> Response {
     match s.store.node_history(&hostname).await {
-        Ok(Some(h)) => html(
+        Ok(Some(h)) => page(
             StatusCode::OK,
             &format!("Node {hostname}"),
             s.config.refresh_secs,
-            &pages::node(&h),
+            pages::node(&h),
         ),
-        Ok(None) => html(
+        Ok(None) => page(
             StatusCode::NOT_FOUND,
             "Unknown node",
             0,
-            &format!(
-                "<h1>No node {}</h1><p>The store has no node by that name. <a href=\"/\">All racks</a></p>",
-                html::esc(&hostname)
-            ),
+            html! {
+                h1 { "No node " (hostname) }
+                p { "The store has no node by that name. " a href="/" { "All racks" } }
+            },
         ),
         Err(e) => store_error(e),
     }
 }
 
-async fn dead_letters(State(s): State<AppState>) -> Response {
+/// The `action=` of a query string: `Ok(None)` without one, an error naming the choices for
+/// an unknown one.
+fn action_filter(query: Option<&str>) -> Result<Option<kiln_findings::Action>, String> {
+    let Some(q) = query else { return Ok(None) };
+    for pair in q.split('&') {
+        match pair.split_once('=') {
+            Some(("action", v)) if v.is_empty() || v == "all" => return Ok(None),
+            Some(("action", v)) => {
+                return kiln_findings::Action::parse(v).map(Some).ok_or_else(|| {
+                    let all: Vec<&str> = kiln_findings::Action::ORDER
+                        .iter()
+                        .map(|a| a.as_str())
+                        .collect();
+                    format!("unknown action {v:?}; one of: {}", all.join(", "))
+                })
+            }
+            _ => {}
+        }
+    }
+    Ok(None)
+}
+
+async fn dead_letters(State(s): State<AppState>, RawQuery(query): RawQuery) -> Response {
+    let action = match action_filter(query.as_deref()) {
+        Ok(a) => a,
+        Err(why) => {
+            return page(
+                StatusCode::BAD_REQUEST,
+                "Bad filter",
+                0,
+                html! { h1 { "Bad filter" } p class="error" { (why) } p { a href="/dead-letters" { "All dead letters" } } },
+            )
+        }
+    };
     match s.store.dead_letters(DEAD_LETTERS_SHOWN).await {
-        Ok((list, total)) => html(
+        Ok((list, total)) => page(
             StatusCode::OK,
             "Dead letters",
             s.config.refresh_secs,
-            &pages::dead_letters(&list, total),
+            pages::dead_letters(&list, total, action),
         ),
         Err(e) => store_error(e),
     }
@@ -274,7 +306,7 @@ async fn lag_page(State(s): State<AppState>) -> Response {
         interval_s: s.config.lag_interval.as_secs_f64(),
     };
     let body = pages::lag(&s.lag_snapshot(), &src, now_ms());
-    html(StatusCode::OK, "Consumer lag", s.config.refresh_secs, &body)
+    page(StatusCode::OK, "Consumer lag", s.config.refresh_secs, body)
 }
 
 async fn healthz(State(s): State<AppState>) -> Response {
@@ -289,10 +321,10 @@ async fn healthz(State(s): State<AppState>) -> Response {
 }
 
 async fn not_found() -> Response {
-    html(
+    page(
         StatusCode::NOT_FOUND,
         "Not found",
         0,
-        "<h1>Not found</h1><p><a href=\"/\">All racks</a></p>",
+        html! { h1 { "Not found" } p { a href="/" { "All racks" } } },
     )
 }

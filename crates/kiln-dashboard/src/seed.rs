@@ -86,6 +86,17 @@ fn checks(i: usize, attempt: u32, fail: bool) -> Vec<CheckResult> {
                     .collect::<Vec<_>>()
                     .join("\n")
             ),
+            findings: if fail {
+                vec![kiln_findings::Finding::new(
+                    kiln_findings::Component::new(kiln_findings::ComponentKind::Board),
+                    "gpu_count",
+                    kiln_findings::Action::Reboot,
+                    format!("GPU 3 of {} missing from NVML", hostname(i)),
+                )
+                .with_evidence(format!("nvidia-smi -L lists {gpus} GPUs, expected 8"))]
+            } else {
+                Vec::new()
+            },
         },
         CheckResult {
             name: "nic_link".into(),
@@ -93,6 +104,7 @@ fn checks(i: usize, attempt: u32, fail: bool) -> Vec<CheckResult> {
             measured: serde_json::json!({ "ports_up": 8, "rate_gbps": 400 }),
             message: "8 InfiniBand ports up at 400 Gb/s".into(),
             evidence: String::new(),
+            findings: Vec::new(),
         },
         CheckResult {
             name: "gpu_burn".into(),
@@ -100,6 +112,7 @@ fn checks(i: usize, attempt: u32, fail: bool) -> Vec<CheckResult> {
             measured: serde_json::json!({ "gflops_min": 51_200.5, "errors": 0 }),
             message: "no compute errors in 600 s".into(),
             evidence: "gpu_burn summary: OK OK OK OK OK OK OK OK".into(),
+            findings: Vec::new(),
         },
     ]
 }

@@ -90,13 +90,14 @@ fn evil_spec(host: &str, rack: &str) -> NodeSpec {
     }
 }
 
-/// No raw hostile markup anywhere in `body`, and its escaped form is there.
+/// No raw hostile markup anywhere in `body`, and its escaped form is there (maud escapes
+/// `& < > "`; a `'` is inert because every attribute is double-quoted).
 fn assert_escaped(body: &str) {
     assert!(!body.contains("<script>alert"), "unescaped script: {body}");
     assert!(!body.contains("<img src=x"), "unescaped img: {body}");
     assert!(
-        body.contains("&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;"),
-        "escaped form missing"
+        body.contains("&lt;script&gt;alert('x')&lt;/script&gt;"),
+        "escaped form missing: {body}"
     );
 }
 
@@ -136,6 +137,7 @@ async fn pages_show_the_store_and_escape_hostile_strings() {
             measured: serde_json::json!({ "gpu_count": 7, "expected": 8, "note": EVIL }),
             message: format!("GPU 3 missing {EVIL}"),
             evidence: format!("nvidia-smi -L\nGPU 0: H100 {EVIL}\n"),
+            findings: Vec::new(),
         },
         CheckResult {
             name: "nic".into(),
@@ -143,6 +145,7 @@ async fn pages_show_the_store_and_escape_hostile_strings() {
             measured: serde_json::json!({ "ports_up": 8 }),
             message: "8 ports up".into(),
             evidence: String::new(),
+            findings: Vec::new(),
         },
     ];
     store
@@ -246,6 +249,32 @@ async fn dead_letter_page_lists_the_last_failing_checks() {
             "{body}"
         );
     }
+    assert!(body.contains("data-action=\"reboot\""), "{body}");
+    assert!(body.contains("reboot the node: board: gpu count"), "{body}");
+    // Filtered by action: the two are reboots, none an RMA; an unknown action is refused.
+    let (status, body) = d.get("/dead-letters?action=reboot").await;
+    assert_eq!(status, 200);
+    assert_eq!(body.matches("data-action=\"reboot\"").count(), 2, "{body}");
+    let (_, body) = d.get("/dead-letters?action=rma").await;
+    assert!(body.contains("No dead-lettered nodes.") && !body.contains("data-action=\"reboot\""));
+    let (status, body) = d.get("/dead-letters?action=%3Cb%3E").await;
+    assert_eq!(status, 400);
+    assert!(
+        body.contains("unknown action") && body.contains("rma, reseat_cable"),
+        "{body}"
+    );
+    // The node page shows the component view of the cycle, attempt by attempt.
+    let (_, node) = d.get("/nodes/gpu-00016").await;
+    assert!(node.contains("id=\"components\""), "{node}");
+    assert!(
+        node.contains("nvidia-smi -L lists 7 GPUs, expected 8"),
+        "{node}"
+    );
+    assert!(
+        node.contains("<td class=\"v-fail\" title=\"gpu_count\">fail</td>"),
+        "{node}"
+    );
+
     let (_, overview) = d.get("/").await;
     assert!(
         overview.contains("data-rack=\"rack-0000\"")

@@ -56,6 +56,9 @@ pub struct ReportConfig {
     pub subject: String,
     /// Send a report even when no node is dead-lettered (a daily "all clear").
     pub send_when_empty: bool,
+    /// The dashboard's address (`https://kiln.example.com`): the report links each node to
+    /// its page there, where evidence the email leaves out is shown whole. Empty: no links.
+    pub dashboard_url: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -132,6 +135,7 @@ impl Default for ReportConfig {
             to: Vec::new(),
             subject: "Kiln dead-lettered nodes".into(),
             send_when_empty: false,
+            dashboard_url: String::new(),
         }
     }
 }
@@ -210,6 +214,10 @@ impl DeadletterConfig {
         if self.instance_id.trim().is_empty() {
             bail!("instance_id must not be empty");
         }
+        let url = self.report.dashboard_url.as_str();
+        if !(url.is_empty() || url.starts_with("http://") || url.starts_with("https://")) {
+            bail!("report.dashboard_url {url:?} must start with http:// or https://");
+        }
         if self.step_timeout_ms == 0 || self.smtp.timeout_ms == 0 {
             bail!("step_timeout_ms and smtp.timeout_ms must be > 0");
         }
@@ -255,6 +263,7 @@ mod tests {
             "transport = \"pigeon\"\n",
             "no_such_key = 1\n",
             "[smtp]\npassword = \"a\"\npassword_file = \"/p\"\n",
+            "[report]\ndashboard_url = \"kiln.example.com\"\n",
         ] {
             std::fs::write(&p, bad).expect("write");
             let err = DeadletterConfig::load(Some(&p)).expect_err(bad);

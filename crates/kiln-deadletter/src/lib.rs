@@ -3,7 +3,6 @@
 //! report email at a configured local time. See docs/deadletter.md.
 //!
 //! - `config`: TOML settings.
-//! - `classify`: the suggested action class of a failing check and of a node.
 //! - `triage`: a dead letter made into a triage record.
 //! - `consume`: the consumer loop (store the record, then commit).
 //! - `schedule`: the report's local time and zone; DST handling.
@@ -15,7 +14,6 @@
 //! shutdown future resolves; [`build_report`], [`render_text`] and [`render_html`] make a
 //! report without sending; [`send_report`] sends one day's report under the once-per-day rule.
 
-pub mod classify;
 pub mod config;
 pub mod consume;
 pub mod mail;
@@ -32,7 +30,6 @@ use jiff::Timestamp;
 use kiln_store::Store;
 use tokio::sync::watch;
 
-pub use classify::ActionClass;
 pub use config::DeadletterConfig;
 pub use mail::Mailer;
 pub use report::{build_report, render_html, render_text, Report};

@@ -263,6 +263,8 @@ mod tests {
             day: "2025-01-02".into(),
             zone: "UTC".into(),
             racks: vec![],
+            resolved: vec![],
+            dashboard_url: String::new(),
         };
         let (m, id) = build_message(&c, &report, &s, 1).expect("message");
         let raw = String::from_utf8(m.formatted()).expect("utf-8");

@@ -102,7 +102,7 @@ pub async fn send_report(
         };
         return Ok(taken(&day_s, claim).unwrap_or(SendOutcome::Empty { day: day_s }));
     }
-    let report = build_report(store, day, schedule)
+    let report = build_report(store, day, schedule, &config.report)
         .await
         .map_err(anyhow::Error::from)?;
     if report.is_empty() && !even_if_empty && !config.report.send_when_empty {

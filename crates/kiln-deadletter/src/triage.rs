@@ -1,14 +1,15 @@
 //! A dead letter (what the agent put on `kiln.nodes.dlq`) made into a triage record: the
-//! cycle's failure window, the failing checks of the last failed attempt with their measured
-//! values and how many attempts each failed, and the suggested action class.
+//! cycle's failure window, the per-component analysis of its attempts (kiln-findings), the
+//! failing checks of the last failed attempt with how many attempts each failed and could not
+//! run, and the node's action.
 
 use std::collections::HashMap;
 
 use kiln_agent::DeadLetter;
+use kiln_findings::analysis::fallback_finding;
+use kiln_findings::{worst_action, Action};
 use kiln_store::triage::{FailingCheck, TriageRecord};
-use kiln_store::{CheckVerdict, NodeHistory, RunVerdict};
-
-use crate::classify::{classify_check, classify_node};
+use kiln_store::{CheckResult, CheckVerdict, NodeHistory, RunVerdict};
 
 /// Builds the record. `history` is the node's history from the message, or from the store when
 /// the message had none; without any, the record keeps what the message itself says.
@@ -26,45 +27,47 @@ pub fn triage_record(dl: &DeadLetter, history: Option<&NodeHistory>, now_ms: i64
     let first_failure = failed_runs.iter().map(finished).min();
     let last_failure = failed_runs.iter().map(finished).max();
 
-    let failing = |r: &kiln_store::RunRecord| -> Vec<kiln_store::CheckResult> {
-        r.checks
-            .iter()
-            .filter(|c| matches!(c.verdict, CheckVerdict::Fail | CheckVerdict::Error))
-            .cloned()
-            .collect()
-    };
-    let mut failed_in: HashMap<&str, u32> = HashMap::new();
+    // check name -> (attempts failed, attempts errored)
+    let mut counts: HashMap<&str, (u32, u32)> = HashMap::new();
     for r in &failed_runs {
-        for c in r
-            .checks
-            .iter()
-            .filter(|c| matches!(c.verdict, CheckVerdict::Fail | CheckVerdict::Error))
-        {
-            *failed_in.entry(c.name.as_str()).or_default() += 1;
+        for c in &r.checks {
+            let e = counts.entry(c.name.as_str()).or_default();
+            match c.verdict {
+                CheckVerdict::Fail => e.0 += 1,
+                CheckVerdict::Error => e.1 += 1,
+                _ => {}
+            }
         }
     }
     let last_run = failed_runs.iter().max_by_key(|r| r.attempt);
     let failing_checks: Vec<FailingCheck> = last_run
-        .map(|r| failing(r))
-        .unwrap_or_default()
-        .into_iter()
-        .map(|c| FailingCheck {
-            action: classify_check(&c.name, &c.message, &c.measured)
-                .as_str()
-                .to_string(),
-            failed_attempts: failed_in.get(c.name.as_str()).copied().unwrap_or(1),
-            verdict: c.verdict.as_str().to_string(),
-            name: c.name,
-            message: c.message,
-            measured: c.measured,
+        .map(|r| {
+            r.checks
+                .iter()
+                .filter(|c| matches!(c.verdict, CheckVerdict::Fail | CheckVerdict::Error))
+                .map(|c| {
+                    let (failed, errored) = counts.get(c.name.as_str()).copied().unwrap_or((0, 0));
+                    FailingCheck {
+                        action: check_action(c).as_str().to_string(),
+                        failed_attempts: failed,
+                        error_attempts: errored,
+                        verdict: c.verdict.as_str().to_string(),
+                        name: c.name.clone(),
+                        message: c.message.clone(),
+                        measured: c.measured.clone(),
+                    }
+                })
+                .collect()
         })
-        .collect();
-    let action = if failing_checks.is_empty() {
-        // No check results (e.g. the whole run timed out): the last error's words decide.
-        classify_check("", &dl.last_error, &serde_json::Value::Null)
-    } else {
-        node_action(&failing_checks)
-    };
+        .unwrap_or_default();
+    let analysis = history
+        .filter(|_| !failed_runs.is_empty())
+        .map(|h| h.analysis(msg.cycle));
+    // No check results (e.g. the whole run timed out): the last error's words decide.
+    let action = analysis
+        .as_ref()
+        .and_then(|a| a.action)
+        .unwrap_or_else(|| fallback_finding("", &dl.last_error).action);
     TriageRecord {
         hostname: msg.node.hostname.clone(),
         cycle: msg.cycle,
@@ -77,47 +80,26 @@ pub fn triage_record(dl: &DeadLetter, history: Option<&NodeHistory>, now_ms: i64
         action: action.as_str().to_string(),
         last_error: dl.last_error.clone(),
         failing_checks,
+        labels: msg.node.labels.clone(),
         recorded_at_ms: now_ms,
         first_reported_day: None,
+        analysis,
+        resolution: None,
     }
 }
 
-/// The node's class. Checks that measured something wrong (`fail`) decide; checks that could
-/// not run (`error`: unreachable, timed out) only decide when nothing was measured at all. A
-/// node on which nothing could be measured while its BMC did not answer either is a BMC (or
-/// its network) problem first: every GPU or NIC check erroring then says nothing of the GPUs.
-fn node_action(checks: &[FailingCheck]) -> crate::classify::ActionClass {
-    use crate::classify::ActionClass;
-    let classes = |verdict: Option<&str>| {
-        classify_node(
-            checks
-                .iter()
-                .filter(|c| verdict.is_none_or(|v| c.verdict == v))
-                .map(|c| ActionClass::parse(&c.action)),
-        )
-    };
-    if checks
-        .iter()
-        .any(|c| c.verdict == CheckVerdict::Fail.as_str())
-    {
-        return classes(Some(CheckVerdict::Fail.as_str()));
-    }
-    let bmc_silent = checks
-        .iter()
-        .any(|c| c.name.starts_with("bmc") || c.name.starts_with("redfish"));
-    if bmc_silent {
-        ActionClass::Bmc
-    } else {
-        classes(None)
-    }
+/// A check's own action: its findings' most severe, else what its name and words say.
+fn check_action(c: &CheckResult) -> Action {
+    worst_action(&c.findings).unwrap_or_else(|| fallback_finding(&c.name, &c.message).action)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kiln_findings::{Component, ComponentKind, Finding};
     use kiln_manifest::NodeSpec;
     use kiln_queue::NodeMessage;
-    use kiln_store::{CheckResult, NodeEvent, NodeRecord, NodeState, RunRecord};
+    use kiln_store::{NodeEvent, NodeRecord, NodeState, RunRecord};
     use serde_json::json;
 
     pub(crate) fn spec(host: &str, rack: &str) -> NodeSpec {
@@ -155,6 +137,7 @@ mod tests {
             measured: json!({"value": 3}),
             message: msg.into(),
             evidence: String::new(),
+            findings: Vec::new(),
         }
     }
 
@@ -171,12 +154,17 @@ mod tests {
             let mut checks = vec![check("warmup", CheckVerdict::Pass, "")];
             if attempt % 2 == 0 {
                 checks.push(check("infiniband", CheckVerdict::Fail, "port down"));
+            } else {
+                checks.push(check("infiniband", CheckVerdict::Error, "timed out"));
             }
-            checks.push(check(
-                "gpu_ecc",
-                CheckVerdict::Fail,
+            let mut ecc = check("gpu_ecc", CheckVerdict::Fail, "GPU 3: 12 uncorrected");
+            ecc.findings = vec![Finding::new(
+                Component::new(ComponentKind::Gpu).index(3),
+                "ecc_uncorrected_volatile",
+                Action::ResetGpu,
                 "GPU 3: 12 uncorrected",
-            ));
+            )];
+            checks.push(ecc);
             runs.push(run(2, attempt, 1000 + i64::from(attempt), checks));
         }
         let history = NodeHistory {
@@ -212,48 +200,33 @@ mod tests {
         assert_eq!((r.first_failure_at_ms, r.last_failure_at_ms), (1001, 1010));
         let names: Vec<_> = r.failing_checks.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["infiniband", "gpu_ecc"]);
-        assert_eq!(r.failing_checks[0].failed_attempts, 5);
+        // Failed and could-not-run attempts are counted apart.
+        assert_eq!(
+            (
+                r.failing_checks[0].failed_attempts,
+                r.failing_checks[0].error_attempts
+            ),
+            (5, 5)
+        );
         assert_eq!(r.failing_checks[1].failed_attempts, 10);
         assert_eq!(r.failing_checks[1].measured, json!({"value": 3}));
-        assert_eq!(r.failing_checks[0].action, "nic_cable");
-        assert_eq!(r.action, "gpu");
+        assert_eq!(r.failing_checks[0].action, "reseat_cable");
+        assert_eq!(r.failing_checks[1].action, "reset_gpu");
+        assert_eq!(r.action, "reseat_cable");
+        let a = r.analysis.as_ref().expect("analysis");
+        assert_eq!(a.attempts.len(), 10, "cycle 2 only");
+        let gpu = a
+            .components
+            .iter()
+            .find(|c| c.component.kind == ComponentKind::Gpu)
+            .expect("GPU 3");
+        assert_eq!(gpu.findings[0].attempts.len(), 10);
 
         // Without any history the message still makes a record.
         let bare = triage_record(&dl, None, 3000);
         assert!(bare.failing_checks.is_empty());
         assert_eq!(bare.first_failure_at_ms, 2000);
-        assert_eq!(bare.action, "gpu", "from the last error's words");
-    }
-
-    fn failing(name: &str, verdict: CheckVerdict, action: &str) -> FailingCheck {
-        FailingCheck {
-            name: name.into(),
-            verdict: verdict.as_str().into(),
-            message: "m".into(),
-            measured: json!({}),
-            failed_attempts: 1,
-            action: action.into(),
-        }
-    }
-
-    #[test]
-    fn measured_failures_outrank_checks_that_could_not_run() {
-        use crate::classify::ActionClass;
-        // A timed-out GPU diag beside a measured link failure: the measurement decides.
-        let mixed = [
-            failing("dcgm_diag", CheckVerdict::Error, "gpu"),
-            failing("infiniband", CheckVerdict::Fail, "nic_cable"),
-        ];
-        assert_eq!(node_action(&mixed), ActionClass::NicCable);
-        // Nothing answered, BMC included: the BMC (or its network) first, not the GPUs.
-        let unreachable = [
-            failing("bmc_health", CheckVerdict::Error, "bmc"),
-            failing("gpu_ecc", CheckVerdict::Error, "gpu"),
-            failing("infiniband", CheckVerdict::Error, "nic_cable"),
-        ];
-        assert_eq!(node_action(&unreachable), ActionClass::Bmc);
-        // Only errors, BMC fine: the usual order over the errors.
-        let hung = [failing("dcgm_diag", CheckVerdict::Error, "gpu")];
-        assert_eq!(node_action(&hung), ActionClass::Gpu);
+        assert_eq!(bare.action, "investigate", "from the last error's words");
+        assert!(bare.analysis.is_none());
     }
 }

@@ -39,6 +39,7 @@ async fn dead_letter(store: &Store, node: &NodeSpec, cycle: u32, check: &str) ->
             measured: json!({"attempt": attempt}),
             message: format!("{check} failed"),
             evidence: String::new(),
+            findings: Vec::new(),
         }];
         store
             .finish_run(run, RunVerdict::Fail, &checks, at + 500)
@@ -116,10 +117,12 @@ async fn scenario(url: &str, mail_dir: &Path) {
         // A redelivered dead letter changes nothing.
         assert!(!store.record_triage(&record).await.expect("record again"));
     }
-    let report = build_report(&store, day1, &schedule).await.expect("report");
+    let report = build_report(&store, day1, &schedule, &config.report)
+        .await
+        .expect("report");
     assert_eq!((report.count_new(), report.count_still_open()), (2, 0));
-    assert_eq!(report.racks[0].new[0].action, "gpu");
-    assert_eq!(report.racks[1].new[0].action, "nic_cable");
+    assert_eq!(report.racks[0].new[0].action, "investigate");
+    assert_eq!(report.racks[1].new[0].action, "reseat_cable");
     assert_eq!(report.racks[1].new[0].failing_checks[0].failed_attempts, 10);
 
     // Day 1: sent once; again, and after a "restart", not again.
@@ -192,7 +195,9 @@ async fn scenario(url: &str, mail_dir: &Path) {
         )
         .await
         .expect("requeue");
-    let report = build_report(&store, day3, &schedule).await.expect("report");
+    let report = build_report(&store, day3, &schedule, &config.report)
+        .await
+        .expect("report");
     assert_eq!((report.count_new(), report.count_still_open()), (0, 1));
     assert_eq!(report.racks.len(), 1);
     assert_eq!(report.racks[0].still_open[0].hostname, "gpu-b-07");

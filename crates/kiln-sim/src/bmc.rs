@@ -169,8 +169,67 @@ impl Bmc {
                 "FirmwareVersion",
                 node.spec.firmware_bmc.clone().into(),
             );
+        } else if path.ends_with("/PowerSubsystem") {
+            // The mockup's second bay is empty, so its redundancy is lost: a simulated node has
+            // both power supplies, and with `psu-fail` loses the first one.
+            if let Some(groups) = doc
+                .get_mut("PowerSupplyRedundancy")
+                .and_then(Value::as_array_mut)
+            {
+                for g in groups {
+                    g["Status"] = if node.has(&Fault::PsuFail) {
+                        json!({"State": "Enabled", "Health": "Critical"})
+                    } else {
+                        json!({"State": "Enabled", "Health": "OK"})
+                    };
+                }
+            }
+        } else if path.contains("/PowerSubsystem/PowerSupplies/") {
+            let bay1 = path.ends_with("/Bay1");
+            if node.has(&Fault::PsuFail) && bay1 {
+                set(
+                    &mut doc,
+                    "Status",
+                    json!({"State": "Enabled", "Health": "Critical", "Conditions": [{
+                        "MessageId": "Power.1.0.PowerSupplyFailure",
+                        "Message": "Power supply 'PSU 1' has failed.",
+                        "Severity": "Critical", "MessageArgs": ["PSU 1"],
+                        "Timestamp": OffsetDateTime::now_utc().format(&Rfc3339).unwrap_or_default(),
+                    }]}),
+                );
+            } else {
+                set(
+                    &mut doc,
+                    "Status",
+                    json!({"State": "Enabled", "Health": "OK"}),
+                );
+            }
+            if !bay1 && doc.get("SerialNumber").is_none() {
+                set(
+                    &mut doc,
+                    "SerialNumber",
+                    format!("{}-PSU2", node.serial()).into(),
+                );
+            }
         }
         Some(doc)
+    }
+
+    /// A collection with its members' documents in place of their links, as a BMC answers
+    /// `$expand=.($levels=1)` (the mockup's service root says it supports it).
+    fn expanded(&self, mut doc: Value) -> Value {
+        if let Some(members) = doc.get_mut("Members").and_then(Value::as_array_mut) {
+            for m in members.iter_mut() {
+                let link = m
+                    .get("@odata.id")
+                    .and_then(Value::as_str)
+                    .map(|p| p.trim_end_matches('/').to_string());
+                if let Some(full) = link.and_then(|p| self.document(&p)) {
+                    *m = full;
+                }
+            }
+        }
+        doc
     }
 
     /// The system log: a power-on entry (OK), and with `sel-critical` a Critical power
@@ -227,7 +286,9 @@ async fn handle(
     if path != "/redfish/v1" && !bmc.authorized(&headers) {
         return error(StatusCode::UNAUTHORIZED, "authentication required");
     }
+    let expand = uri.query().is_some_and(|q| q.contains("$expand"));
     match bmc.document(path) {
+        Some(doc) if expand => axum::Json(bmc.expanded(doc)).into_response(),
         Some(doc) => axum::Json(doc).into_response(),
         None => error(StatusCode::NOT_FOUND, &format!("no resource at {path}")),
     }

@@ -1,6 +1,6 @@
 //! What a simulated node does with a command line: the ones the real checks send (the
-//! probe, the InfiniBand sysfs loop, `ip -j link`, `dcgmi`, gpu-burn, stress-ng) are
-//! answered from the node's recordings; `kill -KILL -- -PGID` stops a hung command; anything
+//! probe and its samples, the InfiniBand sysfs loop, `ip -j link` with the Ethernet sysfs
+//! loop, `dcgmi`, gpu-burn, stress-ng, smartctl, fio) are answered from the node's recordings; `kill -KILL -- -PGID` stops a hung command; anything
 //! else is "not found" (exit 127), as a shell would say.
 //!
 //! Agents wrap every command as `exec setsid -w sh -c '<print pgid>; exec sh -c "$1"' kiln
@@ -115,6 +115,9 @@ pub fn respond(node: &SimNode, command: &str, flaky: bool) -> Reply {
     if let Some(rest) = command.strip_prefix("for f in ") {
         return Reply::ok(sysfs_loop(node, rest));
     }
+    if command.contains("smartctl") {
+        return Reply::ok(node.smartctl());
+    }
     let words = shell_words(command).unwrap_or_default();
     let program = words
         .first()
@@ -123,18 +126,33 @@ pub fn respond(node: &SimNode, command: &str, flaky: bool) -> Reply {
     let stress_hangs = node.has(&Fault::Hang);
     match program.as_str() {
         "kiln" if words.get(1).map(String::as_str) == Some("probe") => {
-            let (stdout, code) = node.probe();
+            let sample = words.iter().any(|w| w == "--sample");
+            let (stdout, code) = if sample {
+                node.probe_sample()
+            } else {
+                node.probe()
+            };
             Reply::Output {
                 stdout,
                 stderr: String::new(),
                 code: u32::try_from(code).unwrap_or(1),
             }
         }
-        "ip" if words.iter().any(|w| w == "-j") && words.iter().any(|w| w == "link") => {
-            Reply::ok(node.ip_link(flaky))
+        "ip" if words.iter().any(|w| w == "-j")
+            && words.iter().any(|w| w.trim_end_matches(';') == "link") =>
+        {
+            // The Ethernet step: `ip -j link; echo; for i in IF...; do <sysfs reads>; done`.
+            let interfaces = eth_loop_interfaces(&words);
+            Reply::ok(format!(
+                "{}\n{}",
+                node.ip_link(flaky),
+                node.eth_sysfs(flaky, &interfaces)
+            ))
         }
         "dcgmi" if stress_hangs => Reply::Hang,
         "dcgmi" => Reply::ok(node.dcgm_json()),
+        "fio" if stress_hangs => Reply::Hang,
+        "fio" => Reply::ok(crate::fixtures::FIO_PASS.to_string()),
         "stress-ng" if stress_hangs => Reply::Hang,
         "stress-ng" => Reply::ok(
             "stress-ng: info:  [4242] dispatching hogs: 2 cpu, 2 vm\n\
@@ -156,6 +174,27 @@ pub fn respond(node: &SimNode, command: &str, flaky: bool) -> Reply {
             code: 127,
         },
     }
+}
+
+/// The interfaces of the Ethernet step's `for i in A B C; do` loop.
+fn eth_loop_interfaces(words: &[String]) -> Vec<String> {
+    let Some(start) = words.iter().position(|w| w == "for") else {
+        return Vec::new();
+    };
+    words
+        .iter()
+        .skip(start + 3)
+        .take_while(|w| !w.ends_with(';') && *w != "do")
+        .cloned()
+        .chain(
+            words
+                .iter()
+                .skip(start + 3)
+                .find(|w| w.ends_with(';'))
+                .map(|w| w.trim_end_matches(';').to_string()),
+        )
+        .filter(|w| !w.is_empty())
+        .collect()
 }
 
 /// `for f in GLOB...; do [ -f "$f" ] && printf '%s\t%s\n' "$f" "$(head -n 1 "$f")"; done`:

@@ -1,7 +1,7 @@
 //! The recorded data simulated nodes replay, loaded once per fleet and shared by every node:
 //! the DMTF `public-rackmount1` Redfish mockup (BSD-3-Clause, see fixtures/redfish/LICENSE.md),
-//! the gcm sysfs and `ip -j` snapshots (MIT, see fixtures/sysfs/LICENSE), and the hand-written
-//! H100 probe recording in `data/` (the same file as kiln-checks' test fixture).
+//! the gcm sysfs and `ip -j` snapshots (MIT, see fixtures/sysfs/LICENSE), and the H100 probe
+//! recording in fixtures/kiln (the one kiln-checks' tests read).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -11,7 +11,12 @@ use kiln_checks::RecordedGpus;
 use serde_json::Value;
 
 const MOCKUP: &str = "redfish/public-rackmount1";
-const PROBE_H100: &str = include_str!("../data/probe-h100.json");
+const PROBE_H100: &str = include_str!("../../../fixtures/kiln/probe-h100-healthy.json");
+/// fio's JSON of a write/verify pass (recorded with fio 3.33, fixtures/kiln/README.md).
+pub const FIO_PASS: &str = include_str!("../../../fixtures/kiln/fio-verify-pass.json");
+
+/// Interface -> (link speed in Mb/s, permanent MAC), as a gcm Ethernet snapshot records them.
+pub type EthSysfs = BTreeMap<String, (String, String)>;
 
 pub struct Fixtures {
     /// Redfish path (`/redfish/v1/...`, no trailing slash) -> document.
@@ -24,12 +29,16 @@ pub struct Fixtures {
     pub sysfs: HashMap<&'static str, BTreeMap<String, String>>,
     /// `ip -j link` output, per snapshot name.
     pub ip_link: HashMap<&'static str, String>,
+    /// Per Ethernet snapshot: interface -> link speed (Mb/s) and permanent MAC.
+    pub eth_sysfs: HashMap<&'static str, EthSysfs>,
+    /// `smartctl -x --json` of the recorded node's ten healthy NVMe drives.
+    pub smartctl: Vec<Value>,
     pub probe: RecordedGpus,
 }
 
-/// `KILN_FIXTURES`, else `explicit`, else this crate's `fixtures/` (the copies the fleet
-/// needs, each with its LICENSE and SOURCE, so `kiln sim` and `kiln demo` work from a bare
-/// checkout), else `../shared/fixtures` from the repository root or the working directory.
+/// `KILN_FIXTURES`, else `explicit`, else the repository's `fixtures/` (each recording with
+/// its LICENSE and SOURCE, so `kiln sim` and `kiln demo` work from a bare checkout). Nothing
+/// outside the checkout is looked at.
 pub fn locate(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Ok(p) = std::env::var("KILN_FIXTURES") {
         return Ok(PathBuf::from(p));
@@ -37,25 +46,13 @@ pub fn locate(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(p) = explicit {
         return Ok(p.to_path_buf());
     }
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let candidates = [
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures"),
-        repo.join("../shared/fixtures"),
-        PathBuf::from("../shared/fixtures"),
-        PathBuf::from("shared/fixtures"),
-    ];
-    for c in &candidates {
-        if c.join(MOCKUP).is_dir() {
-            return Ok(c.clone());
-        }
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+    if dir.join(MOCKUP).is_dir() {
+        return Ok(dir);
     }
     bail!(
-        "cannot find the shared fixtures (looked in {}); set KILN_FIXTURES or --fixtures",
-        candidates
-            .iter()
-            .map(|c| c.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
+        "cannot find the fixtures at {} (the repository's fixtures/); set KILN_FIXTURES or --fixtures",
+        dir.display()
     )
 }
 
@@ -107,8 +104,22 @@ impl Fixtures {
             sysfs.insert(name, load_sysfs(dir, name)?);
         }
         let mut ip_link = HashMap::new();
-        for name in ["eth_learn_good", "eth_learn_down_intf"] {
-            ip_link.insert(name, load_ip_link(dir, name)?);
+        let mut eth_sysfs = HashMap::new();
+        for name in [
+            "eth_learn_good",
+            "eth_learn_down_intf",
+            "eth_learn_degraded_intf",
+        ] {
+            let (links, sysfs) = load_eth(dir, name)?;
+            ip_link.insert(name, links);
+            eth_sysfs.insert(name, sysfs);
+        }
+        let mut smartctl = Vec::new();
+        for i in 0..10 {
+            let path = dir.join(format!("smartctl/learn_good/nvme{i}.json"));
+            let text =
+                std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
+            smartctl.push(serde_json::from_str(&text).with_context(|| path.display().to_string())?);
         }
         let probe = RecordedGpus::from_json(PROBE_H100).context("the recorded H100 probe")?;
         Ok(Fixtures {
@@ -117,6 +128,8 @@ impl Fixtures {
             sel_entries_paths,
             sysfs,
             ip_link,
+            eth_sysfs,
+            smartctl,
             probe,
         })
     }
@@ -169,12 +182,31 @@ fn load_sysfs(dir: &Path, name: &str) -> anyhow::Result<BTreeMap<String, String>
     Ok(map)
 }
 
-fn load_ip_link(dir: &Path, name: &str) -> anyhow::Result<String> {
+/// A gcm Ethernet snapshot: its `ip -j link` JSON, and per interface its `link_speed` and
+/// `phys_macaddr`.
+fn load_eth(dir: &Path, name: &str) -> anyhow::Result<(String, EthSysfs)> {
     let path = dir.join("sysfs").join(format!("{name}.json"));
     let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
     let doc: Value = serde_json::from_str(&text).with_context(|| path.display().to_string())?;
     let links = doc
         .get("intf_status")
         .ok_or_else(|| anyhow!("{}: no intf_status", path.display()))?;
-    Ok(links.to_string())
+    let mut sysfs = BTreeMap::new();
+    for (ifname, speed) in doc
+        .get("link_speed")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        let mac = doc
+            .pointer(&format!("/phys_macaddr/{ifname}"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        sysfs.insert(
+            ifname.clone(),
+            (speed.as_str().unwrap_or("").to_string(), mac),
+        );
+    }
+    Ok((links.to_string(), sysfs))
 }

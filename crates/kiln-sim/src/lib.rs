@@ -18,7 +18,7 @@
 //! - `spec`: the fleet to simulate and the faults (`FleetSpec`, `Fault`, `GpuModel`).
 //! - `fleet`: starting and stopping it, and the files the rest of Kiln needs.
 //! - `node`, `commands`: what a node answers; `sshd`, `bmc`, `tls`: its servers.
-//! - `fixtures`: the recordings (shared/fixtures and `data/`); `stats`: fleet-wide counters.
+//! - `fixtures`: the recordings (the repository's fixtures/); `stats`: fleet-wide counters.
 
 mod bmc;
 pub mod commands;

@@ -33,6 +33,8 @@ pub struct SimNode {
     pub(crate) fixtures: Arc<Fixtures>,
     /// SSH connections accepted so far: the agent opens one per run.
     pub(crate) runs: AtomicU64,
+    /// `kiln probe --sample` answers so far (the throttle fault's violation time grows with it).
+    samples: AtomicU64,
     pub(crate) next_pgid: AtomicU32,
     rng: Mutex<StdRng>,
 }
@@ -58,6 +60,7 @@ impl SimNode {
             bmc_addr,
             fixtures,
             runs: AtomicU64::new(0),
+            samples: AtomicU64::new(0),
             next_pgid: AtomicU32::new(4000),
             rng: Mutex::new(StdRng::seed_from_u64(
                 seed ^ (index as u64).wrapping_mul(0x9e37_79b9),
@@ -124,7 +127,7 @@ impl SimNode {
                 for g in &mut snap.gpus {
                     g.name = Some(self.model.nvml_name().to_string());
                     g.vbios_version = Some(self.spec.firmware_gpu_vbios.clone());
-                    g.serial = Some(format!("{}{:02}", 1_652_400_000 + self.index, g.index));
+                    g.serial = Some(self.gpu_serial(g.index));
                     g.uuid = Some(format!(
                         "GPU-5d6c2b1e-8f0a-4c3e-9b7d-{:08x}{:04x}",
                         self.index + 1,
@@ -142,7 +145,25 @@ impl SimNode {
                             rr.failure = true;
                         }
                     }
+                    if self.has(&Fault::NvlinkDown) && g.index == 4 {
+                        if let Some(l) = g.nvlinks.get_mut(7) {
+                            l.active = false;
+                        }
+                    }
                 }
+            }
+            if self.has(&Fault::Xid79) {
+                let pci = r
+                    .snapshot
+                    .as_ref()
+                    .and_then(|s| s.gpus.get(2))
+                    .and_then(|g| g.pci_bus_id.clone())
+                    .unwrap_or_default();
+                let short = kiln_checks::xid::normalize_pci(&pci);
+                let log = r.kernel_log.get_or_insert_with(String::new);
+                log.push_str(&format!(
+                    "[ 5012.337204] NVRM: Xid (PCI:{short}): 79, pid=2877, name=gpu_burn, GPU has fallen off the bus.\n"
+                ));
             }
             r
         };
@@ -150,6 +171,39 @@ impl SimNode {
         let text = serde_json::to_string(&report).unwrap_or_else(|e| {
             json!({"schema": 1, "error": format!("cannot encode the report: {e}")}).to_string()
         });
+        (text, code)
+    }
+
+    /// `kiln probe --sample`: the recording as it reads under load (Gen5 links, near the power
+    /// limit, no idle flag); with `throttle`, GPU 6 throttled for heat with its thermal
+    /// violation time growing 2.5 s per sample.
+    pub fn probe_sample(&self) -> (String, i32) {
+        let n = self.samples.fetch_add(1, Ordering::Relaxed);
+        let (full, code) = self.probe();
+        let Ok(mut report) = serde_json::from_str::<kiln_checks::ProbeReport>(&full) else {
+            return (full, code);
+        };
+        report.xid_events.clear();
+        report.sxid_events.clear();
+        report.kernel_log.source = Some("not read (sample)".into());
+        report.kernel_log.lines = 0;
+        for g in &mut report.gpus {
+            g.throttle_reasons = Some(Vec::new());
+            if let Some(p) = g.pcie.as_mut() {
+                p.generation_current = p.generation_max;
+            }
+            g.power_mw = Some(655_000 + 1_000 * g.index);
+            g.temperature_c = Some(68 + g.index);
+            g.memory_temperature_c = Some(74 + g.index);
+            if self.has(&Fault::Throttle) && g.index == 6 {
+                g.throttle_reasons = Some(vec!["hw_thermal_slowdown".into()]);
+                g.temperature_c = Some(91);
+                if let Some(v) = g.violations_ns.as_mut() {
+                    v.thermal = (n + 1) * 2_500_000_000;
+                }
+            }
+        }
+        let text = serde_json::to_string(&report).unwrap_or(full);
         (text, code)
     }
 
@@ -169,6 +223,15 @@ impl SimNode {
     /// The first line of a sysfs file, if the node has it.
     pub fn read_sysfs(&self, path: &str) -> Option<String> {
         let content = self.sysfs()?.get(path)?;
+        // ib-flap: HCA mlx5_3's netdev ib3 went down after flapping, its port still ACTIVE.
+        if self.has(&Fault::IbFlap) && path.contains("/0000:54:00.0/net/ib3/") {
+            if path.ends_with("/operstate") {
+                return Some("down".into());
+            }
+            if path.ends_with("/carrier_changes") {
+                return Some("47".into());
+            }
+        }
         Some(content.lines().next().unwrap_or_default().to_string())
     }
 
@@ -184,30 +247,106 @@ impl SimNode {
             .collect()
     }
 
-    /// `ip -j link`: the recorded front end, or with interfaces down on a flaky run.
-    pub fn ip_link(&self, flaky: bool) -> String {
-        let name = if flaky {
+    /// The Ethernet snapshot this run sees: interfaces down on a flaky run, half speed with
+    /// `eth-slow`, else the good one.
+    fn eth_snapshot(&self, flaky: bool) -> &'static str {
+        if flaky {
             "eth_learn_down_intf"
+        } else if self.has(&Fault::EthSlow) {
+            "eth_learn_degraded_intf"
         } else {
             "eth_learn_good"
-        };
-        self.fixtures.ip_link.get(name).cloned().unwrap_or_default()
+        }
     }
 
-    /// `dcgmi diag -r 3 --json`: every test passes on every GPU (DCGM 2.x/3.x layout).
+    /// `ip -j link`.
+    pub fn ip_link(&self, flaky: bool) -> String {
+        self.fixtures
+            .ip_link
+            .get(self.eth_snapshot(flaky))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The Ethernet step's sysfs loop over `interfaces`: speed and permanent MAC per interface.
+    pub fn eth_sysfs(&self, flaky: bool, interfaces: &[String]) -> String {
+        let table = self.fixtures.eth_sysfs.get(self.eth_snapshot(flaky));
+        let mut out = String::new();
+        for i in interfaces {
+            let (speed, mac) = table.and_then(|t| t.get(i)).cloned().unwrap_or_default();
+            out.push_str(&format!(
+                "speed\t{i}\t{speed}\npermaddr\t{i}\t{mac}\naddress\t{i}\t\n"
+            ));
+        }
+        out
+    }
+
+    /// `dcgmi diag -r 3 --json` in DCGM 4.x's layout: every test passes on every GPU, or
+    /// with `dcgm-fail` GPU 3 fails the memory test with DCGM_FR_FAULTY_MEMORY (error 52).
     pub fn dcgm_json(&self) -> String {
-        let gpus: Vec<String> = (0..self.spec.gpu_count).map(|i| i.to_string()).collect();
-        let per_gpu = |name: &str| json!({"name": name, "results": gpus.iter().map(|g| json!({"gpu_ids": g, "status": "Pass"})).collect::<Vec<_>>()});
-        let node_wide = |name: &str| json!({"name": name, "results": [{"status": "Pass"}]});
-        json!({"DCGM GPU Diagnostic": {"test_categories": [
-            {"category": "Deployment", "tests": [node_wide("Denylist"), node_wide("NVML Library"),
-                node_wide("CUDA Main Library"), node_wide("Persistence Mode"),
-                node_wide("Page Retirement/Row Remap")]},
-            {"category": "Integration", "tests": [per_gpu("PCIe")]},
-            {"category": "Hardware", "tests": [per_gpu("GPU Memory")]},
-            {"category": "Stress", "tests": [per_gpu("Targeted Stress"), per_gpu("Targeted Power")]},
-        ]}})
+        let gpus = u32::from(self.spec.gpu_count);
+        let tests = [
+            ("Deployment", "software"),
+            ("Integration", "pcie"),
+            ("Hardware", "memory"),
+            ("Hardware", "diagnostic"),
+            ("Stress", "memory_bandwidth"),
+            ("Stress", "targeted_stress"),
+            ("Stress", "targeted_power"),
+        ];
+        let mut categories: Vec<(&str, Vec<serde_json::Value>)> = Vec::new();
+        for (cat, test) in tests {
+            let mut any_fail = false;
+            let results: Vec<serde_json::Value> = (0..gpus)
+                .map(|g| {
+                    let mut r = json!({"entity_group": "GPU", "entity_group_id": 1, "entity_id": g, "status": "Pass"});
+                    if self.has(&Fault::DcgmFail) && test == "memory" && g == 3 {
+                        any_fail = true;
+                        r["status"] = "Fail".into();
+                        r["warnings"] = json!([{"warning": "Found 4 faulty memory elements on GPU 3", "error_id": 52, "error_category": 10, "error_severity": 2}]);
+                    }
+                    r
+                })
+                .collect();
+            let summary = if any_fail { "Fail" } else { "Pass" };
+            let entry =
+                json!({"name": test, "results": results, "test_summary": {"status": summary}});
+            match categories.iter_mut().find(|(c, _)| *c == cat) {
+                Some((_, t)) => t.push(entry),
+                None => categories.push((cat, vec![entry])),
+            }
+        }
+        let serials: Vec<serde_json::Value> = (0..gpus)
+            .map(|g| json!({"entity_id": g, "serial_num": self.gpu_serial(g), "device_id": "2330"}))
+            .collect();
+        json!({
+            "DCGM Diagnostic": {"test_categories": categories.iter().map(|(c, t)| json!({"category": c, "tests": t})).collect::<Vec<_>>()},
+            "entity_groups": [{"entity_group": "GPU", "entity_group_id": 1, "entities": serials}],
+            "metadata": {"version": "4.6.0", "Driver Version Detected": "550.90.07"},
+        })
         .to_string()
+    }
+
+    /// A simulated GPU's serial number (the probe reports the same).
+    pub fn gpu_serial(&self, gpu: u32) -> String {
+        format!("{}{:02}", 1_652_400_000 + self.index, gpu)
+    }
+
+    /// `smartctl -x --json` of every drive: the recorded ten healthy NVMe drives, or with
+    /// `smart-critical` nvme0 reporting reliability degraded (critical warning bit 2) and
+    /// media errors.
+    pub fn smartctl(&self) -> String {
+        let mut out = String::new();
+        for (i, doc) in self.fixtures.smartctl.iter().enumerate() {
+            let mut d = doc.clone();
+            if self.has(&Fault::SmartCritical) && i == 0 {
+                d["nvme_smart_health_information_log"]["critical_warning"] = 0x04.into();
+                d["nvme_smart_health_information_log"]["media_errors"] = 3.into();
+            }
+            out.push_str(&d.to_string());
+            out.push('\n');
+        }
+        out
     }
 
     /// gpu-burn's closing summary, every GPU OK.

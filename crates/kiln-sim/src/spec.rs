@@ -90,6 +90,26 @@ pub enum Fault {
     Hang,
     /// Nothing listens on the node's SSH and BMC ports: every check reports `Error`.
     Unreachable,
+    /// DCGM (4.x layout) fails GPU 3's memory test with DCGM_FR_FAULTY_MEMORY (`dcgm_diag`).
+    DcgmFail,
+    /// HCA mlx5_3's netdev ib3 is down after 47 carrier changes while its port says ACTIVE
+    /// (`infiniband`).
+    IbFlap,
+    /// The front end runs at half speed: the gcm `eth_learn_degraded_intf` snapshot
+    /// (`ethernet`).
+    EthSlow,
+    /// GPU 6 throttles for heat under load: thermal violation time grows and
+    /// `hw_thermal_slowdown` is set in every sample (`gpu_telemetry`).
+    Throttle,
+    /// GPU 2 logged Xid 79, fallen off the bus (`gpu_xid`).
+    Xid79,
+    /// GPU 4's NVLink 7 is inactive (`gpu_nvlink`).
+    NvlinkDown,
+    /// The BMC reports power supply Bay 1 failed and redundancy lost (`bmc_chassis`).
+    PsuFail,
+    /// NVMe drive nvme0 reports a critical warning (reliability degraded) and media errors
+    /// (`disk_health`).
+    SmartCritical,
     /// The first N runs (SSH connections) see a front-end interface down (`ethernet`).
     FlakyFirst(u32),
     /// Each run sees a front-end interface down with this probability (seeded).
@@ -98,7 +118,9 @@ pub enum Fault {
 
 impl Fault {
     pub const KINDS: &'static str = "ecc, row-remap, stuck-ib, firmware-drift, sel-critical, \
-                                     hang, unreachable, flaky:N (first N runs fail), \
+                                     dcgm-fail, ib-flap, eth-slow, throttle, xid79, \
+                                     nvlink-down, psu-fail, smart-critical, hang, unreachable, \
+                                     flaky:N (first N runs fail), \
                                      flaky:P (each run fails with probability P, e.g. 0.3)";
 
     /// The check this fault is seen by (what a test expects to fail).
@@ -109,6 +131,14 @@ impl Fault {
             Fault::StuckIb => "infiniband",
             Fault::FirmwareDrift => "bmc_firmware",
             Fault::SelCritical => "bmc_sel",
+            Fault::DcgmFail => "dcgm_diag",
+            Fault::IbFlap => "infiniband",
+            Fault::EthSlow => "ethernet",
+            Fault::Throttle => "gpu_telemetry",
+            Fault::Xid79 => "gpu_xid",
+            Fault::NvlinkDown => "gpu_nvlink",
+            Fault::PsuFail => "bmc_chassis",
+            Fault::SmartCritical => "disk_health",
             Fault::Hang => "dcgm_diag",
             Fault::Unreachable => "bmc_health",
             Fault::FlakyFirst(_) | Fault::FlakyProbability(_) => "ethernet",
@@ -124,6 +154,14 @@ impl fmt::Display for Fault {
             Fault::StuckIb => write!(f, "stuck-ib"),
             Fault::FirmwareDrift => write!(f, "firmware-drift"),
             Fault::SelCritical => write!(f, "sel-critical"),
+            Fault::DcgmFail => write!(f, "dcgm-fail"),
+            Fault::IbFlap => write!(f, "ib-flap"),
+            Fault::EthSlow => write!(f, "eth-slow"),
+            Fault::Throttle => write!(f, "throttle"),
+            Fault::Xid79 => write!(f, "xid79"),
+            Fault::NvlinkDown => write!(f, "nvlink-down"),
+            Fault::PsuFail => write!(f, "psu-fail"),
+            Fault::SmartCritical => write!(f, "smart-critical"),
             Fault::Hang => write!(f, "hang"),
             Fault::Unreachable => write!(f, "unreachable"),
             Fault::FlakyFirst(n) => write!(f, "flaky:{n}"),
@@ -150,6 +188,14 @@ impl FromStr for Fault {
             "stuck-ib" => plain(Fault::StuckIb),
             "firmware-drift" => plain(Fault::FirmwareDrift),
             "sel-critical" => plain(Fault::SelCritical),
+            "dcgm-fail" => plain(Fault::DcgmFail),
+            "ib-flap" => plain(Fault::IbFlap),
+            "eth-slow" => plain(Fault::EthSlow),
+            "throttle" => plain(Fault::Throttle),
+            "xid79" => plain(Fault::Xid79),
+            "nvlink-down" => plain(Fault::NvlinkDown),
+            "psu-fail" => plain(Fault::PsuFail),
+            "smart-critical" => plain(Fault::SmartCritical),
             "hang" => plain(Fault::Hang),
             "unreachable" => plain(Fault::Unreachable),
             "flaky" => {
@@ -188,6 +234,24 @@ pub fn parse_fault_flag(flag: &str) -> Result<(String, Fault), String> {
     ))
 }
 
+/// What `fault_rate` draws from: every hardware fault, and an intermittent one.
+pub const RANDOM_FAULTS: [Fault; 14] = [
+    Fault::Ecc,
+    Fault::RowRemap,
+    Fault::StuckIb,
+    Fault::FirmwareDrift,
+    Fault::SelCritical,
+    Fault::DcgmFail,
+    Fault::IbFlap,
+    Fault::EthSlow,
+    Fault::Throttle,
+    Fault::Xid79,
+    Fault::NvlinkDown,
+    Fault::PsuFail,
+    Fault::SmartCritical,
+    Fault::FlakyFirst(2),
+];
+
 /// The fleet to simulate.
 #[derive(Debug, Clone)]
 pub struct FleetSpec {
@@ -200,12 +264,12 @@ pub struct FleetSpec {
     pub rack_prefix: String,
     /// Faults by hostname (explicit; `fault_rate` adds random ones to the other nodes).
     pub faults: BTreeMap<String, Vec<Fault>>,
-    /// Share of the other nodes given one random fault (ecc, row-remap, stuck-ib,
-    /// firmware-drift, sel-critical or flaky:2), drawn with `seed`.
+    /// Share of the other nodes given one random fault (a hardware fault of `RANDOM_FAULTS`
+    /// or flaky:2), drawn with `seed`.
     pub fault_rate: f64,
     pub seed: u64,
-    /// The shared fixtures (`redfish/`, `sysfs/`); default: `KILN_FIXTURES`, else
-    /// `../shared/fixtures` from the repository root or the working directory.
+    /// The fixtures (`redfish/`, `sysfs/`, `kiln/`); default: `KILN_FIXTURES`, else
+    /// the repository's `fixtures/`.
     pub fixtures: Option<PathBuf>,
     /// Where the manifest, keys and agent settings are written (created if missing).
     pub out_dir: PathBuf,
@@ -280,14 +344,7 @@ impl FleetSpec {
             }
         }
         let mut rng = StdRng::seed_from_u64(self.seed);
-        let random = [
-            Fault::Ecc,
-            Fault::RowRemap,
-            Fault::StuckIb,
-            Fault::FirmwareDrift,
-            Fault::SelCritical,
-            Fault::FlakyFirst(2),
-        ];
+        let random = RANDOM_FAULTS;
         let mut out = Vec::with_capacity(hosts.len());
         for h in &hosts {
             // Drawn for every node, so a node's random fault does not depend on others' flags.
@@ -384,7 +441,21 @@ mod tests {
             assert!(e.contains(why), "{bad}: {e}");
         }
         assert!(parse_fault_flag("ecc").is_err());
-        for f in ["ecc", "row-remap", "flaky:2", "flaky:0.5", "unreachable"] {
+        for f in [
+            "ecc",
+            "row-remap",
+            "flaky:2",
+            "flaky:0.5",
+            "unreachable",
+            "dcgm-fail",
+            "ib-flap",
+            "eth-slow",
+            "throttle",
+            "xid79",
+            "nvlink-down",
+            "psu-fail",
+            "smart-critical",
+        ] {
             assert_eq!(f.parse::<Fault>().expect(f).to_string(), f);
         }
     }

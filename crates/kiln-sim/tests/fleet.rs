@@ -28,12 +28,13 @@ fn target(n: &NodeSpec) -> NodeTarget {
             nic: Some(n.firmware_nic.clone()),
         },
         registered_at: OffsetDateTime::now_utc() - time::Duration::seconds(5),
+        labels: Default::default(),
     }
 }
 
 async fn run(access: &NodeAccess, pb: &Playbook, n: &NodeSpec) -> BTreeMap<String, CheckResult> {
     let session = access
-        .open(&n.hostname, &n.bmc_address, true)
+        .open(&n.hostname, &n.bmc_address, true, true)
         .await
         .expect("open");
     let mut ctx = CheckContext::new(target(n), tokio::time::Instant::now() + pb.timeout);
@@ -56,6 +57,61 @@ fn only_failing(results: &BTreeMap<String, CheckResult>) -> Vec<(&str, Verdict)>
         .collect()
 }
 
+/// The faults of a real H100/H200 node: (host, fault, the steps that fail, part of the first
+/// one's message).
+fn new_faults() -> Vec<(&'static str, Fault, Vec<&'static str>, &'static str)> {
+    vec![
+        (
+            "host-0009",
+            Fault::DcgmFail,
+            vec!["dcgm_diag"],
+            "Hardware / memory / GPU 3: Fail: Found 4 faulty memory elements on GPU 3 (DCGM_FR_FAULTY_MEMORY",
+        ),
+        (
+            "host-0010",
+            Fault::IbFlap,
+            vec!["infiniband", "infiniband_after_stress"],
+            "mlx5_3 (ib3): port ACTIVE but netdev operstate down, 47 carrier changes",
+        ),
+        (
+            "host-0011",
+            Fault::EthSlow,
+            vec!["ethernet"],
+            "enp97s0f0: link speed 100000 Mb/s, expected 200000 Mb/s",
+        ),
+        (
+            "host-0012",
+            Fault::Throttle,
+            vec!["gpu_telemetry"],
+            "GPU 6 (",
+        ),
+        (
+            "host-0013",
+            Fault::Xid79,
+            vec!["gpu_xid", "gpu_xid_after_stress"],
+            "Xid 79 (GPU has fallen off the bus; NVIDIA: RESTART_BM, reboot the node)",
+        ),
+        (
+            "host-0014",
+            Fault::NvlinkDown,
+            vec!["gpu_nvlink", "gpu_nvlink_after_stress"],
+            "NVLink(s) [7] inactive",
+        ),
+        (
+            "host-0015",
+            Fault::PsuFail,
+            vec!["bmc_chassis"],
+            "PSU 1 Health Critical (Power supply 'PSU 1' has failed.)",
+        ),
+        (
+            "host-0016",
+            Fault::SmartCritical,
+            vec!["disk_health", "disk_health_after_stress"],
+            "/dev/nvme0 (test model): critical warning 0x04 (reliability degraded)",
+        ),
+    ]
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_checks_see_healthy_nodes_pass_and_each_fault_fail_its_check() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -68,11 +124,14 @@ async fn real_checks_see_healthy_nodes_pass_and_each_fault_fail_its_check() {
         .with_fault("host-0006", Fault::FlakyFirst(1))
         .with_fault("host-0007", Fault::RowRemap)
         .with_fault("host-0008", Fault::Hang);
-    spec.racks = 1;
+    for (host, fault, _, _) in new_faults() {
+        spec = spec.with_fault(host, fault);
+    }
+    spec.racks = 2;
     spec.nodes_per_rack = 8;
     let fleet = Fleet::start(spec).await.expect("fleet starts");
     let nodes = fleet.manifest();
-    assert_eq!(nodes.len(), 8);
+    assert_eq!(nodes.len(), 16);
     for f in [
         "manifest.csv",
         "agent.toml",
@@ -114,7 +173,13 @@ async fn real_checks_see_healthy_nodes_pass_and_each_fault_fail_its_check() {
     );
 
     let ib = run(&access, &pb, &nodes[2]).await;
-    assert_eq!(only_failing(&ib), vec![("infiniband", Verdict::Fail)]);
+    assert_eq!(
+        only_failing(&ib),
+        vec![
+            ("infiniband", Verdict::Fail),
+            ("infiniband_after_stress", Verdict::Fail)
+        ]
+    );
     assert!(
         ib["infiniband"]
             .message
@@ -174,6 +239,21 @@ async fn real_checks_see_healthy_nodes_pass_and_each_fault_fail_its_check() {
             ("gpu_row_remap_after_stress", Verdict::Fail)
         ]
     );
+
+    // Each of the faults a real H100 node shows, on the check that sees it.
+    for (i, (host, fault, failing, part)) in new_faults().into_iter().enumerate() {
+        let r = run(&access, &pb, &nodes[8 + i]).await;
+        let names: Vec<&str> = only_failing(&r).iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, failing, "{host} ({fault}): {r:#?}");
+        let first = &r[failing[0]];
+        assert_eq!(first.verdict, Verdict::Fail, "{host}: {}", first.message);
+        assert!(
+            first.message.contains(part),
+            "{host}: {part:?} not in {}",
+            first.message
+        );
+        assert!(!first.findings.is_empty(), "{host}: findings");
+    }
 
     // The hanging node: a stress step with a 1 s timeout ends as Error, and the agent's
     // kill reaches the node.

@@ -70,6 +70,38 @@ pub struct FailedCheck {
     pub name: String,
     pub verdict: CheckVerdict,
     pub message: String,
+    pub findings: Vec<kiln_findings::Finding>,
+}
+
+impl DeadLetter {
+    /// The per-component analysis of the node's last attempt (its failed checks): the action
+    /// and headline the dead-letter list shows and filters by.
+    pub fn last_attempt_analysis(&self) -> kiln_findings::Analysis {
+        let checks = self
+            .failed_checks
+            .iter()
+            .map(|c| kiln_findings::CheckInput {
+                name: &c.name,
+                outcome: match c.verdict {
+                    CheckVerdict::Fail => kiln_findings::Outcome::Fail,
+                    CheckVerdict::Error => kiln_findings::Outcome::Error,
+                    _ => kiln_findings::Outcome::Other,
+                },
+                message: &c.message,
+                findings: &c.findings,
+            })
+            .collect();
+        kiln_findings::analyze(
+            kiln_findings::NodeInput {
+                hostname: &self.hostname,
+                bmc_address: &self.bmc_address,
+            },
+            &[kiln_findings::AttemptInput {
+                attempt: self.attempt,
+                checks,
+            }],
+        )
+    }
 }
 
 /// A dead-lettered node and the failing checks (fail or error) of its last attempt.
@@ -77,6 +109,7 @@ pub struct FailedCheck {
 pub struct DeadLetter {
     pub hostname: String,
     pub rack: String,
+    pub bmc_address: String,
     pub cycle: u32,
     pub attempt: u32,
     pub state_reason: String,
@@ -156,6 +189,7 @@ impl Store {
         let mut out: Vec<DeadLetter> = Vec::new();
         let total: i64;
         on_backend!(self, pool => {
+            let findings_col = if PG { "c.findings::text AS findings" } else { "c.findings AS findings" };
             total = sqlx::query("SELECT COUNT(*) AS n FROM nodes WHERE state = 'dead_lettered'")
                 .fetch_one(pool)
                 .await?
@@ -163,16 +197,17 @@ impl Store {
             // The newest `limit` dead letters (nodes_by_state_updated), joined to the run of
             // their current attempt (unique index on runs) and its failing checks.
             let rows = sqlx::query(
-                "SELECT d.hostname, d.rack, d.cycle, d.attempt, d.state_reason, d.updated_at_ms, \
-                        c.check_name, c.verdict AS check_verdict, c.message \
-                 FROM (SELECT hostname, rack, cycle, attempt, state_reason, updated_at_ms \
+                &format!("SELECT d.hostname, d.rack, d.bmc_address, d.cycle, d.attempt, d.state_reason, \
+                        d.updated_at_ms, c.check_name, c.verdict AS check_verdict, c.message, \
+                        {findings_col} \
+                 FROM (SELECT hostname, rack, bmc_address, cycle, attempt, state_reason, updated_at_ms \
                        FROM nodes WHERE state = 'dead_lettered' \
                        ORDER BY updated_at_ms DESC, hostname LIMIT $1) d \
                  LEFT JOIN runs r \
                    ON r.hostname = d.hostname AND r.cycle = d.cycle AND r.attempt = d.attempt \
                  LEFT JOIN check_results c \
                    ON c.run_id = r.id AND c.verdict IN ('fail', 'error') \
-                 ORDER BY d.updated_at_ms DESC, d.hostname, c.id",
+                 ORDER BY d.updated_at_ms DESC, d.hostname, c.id"),
             )
             .bind(i64::from(limit))
             .fetch_all(pool)
@@ -183,6 +218,7 @@ impl Store {
                     out.push(DeadLetter {
                         hostname,
                         rack: row.try_get("rack")?,
+                        bmc_address: row.try_get("bmc_address")?,
                         cycle: u32_of(row.try_get("cycle")?, "cycle")?,
                         attempt: u32_of(row.try_get("attempt")?, "attempt")?,
                         state_reason: row.try_get("state_reason")?,
@@ -197,6 +233,12 @@ impl Store {
                         name,
                         verdict: CheckVerdict::parse(&verdict)?,
                         message: row.try_get("message")?,
+                        findings: match row.try_get::<Option<String>, _>("findings")? {
+                            Some(text) => serde_json::from_str(&text).map_err(|e| {
+                                crate::StoreError::Corrupt(format!("findings: {e}"))
+                            })?,
+                            None => Vec::new(),
+                        },
                     });
                 }
             }

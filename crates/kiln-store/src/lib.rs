@@ -29,6 +29,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use kiln_findings::{analyze, Analysis, AttemptInput, CheckInput, Finding, NodeInput, Outcome};
 use kiln_manifest::NodeSpec;
 use serde::{Deserialize, Serialize};
 use sqlx::migrate::Migrator;
@@ -188,6 +189,27 @@ pub struct CheckResult {
     pub message: String,
     /// Raw output (command output, Redfish JSON); cut at [`EVIDENCE_BYTES_MAX`].
     pub evidence: String,
+    /// What the check found, one finding per component and fault (empty when it passed,
+    /// and for results from before findings existed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<Finding>,
+}
+
+impl CheckResult {
+    /// The check as the per-component analysis reads it.
+    pub fn analysis_input(&self) -> CheckInput<'_> {
+        CheckInput {
+            name: &self.name,
+            outcome: match self.verdict {
+                CheckVerdict::Pass => Outcome::Pass,
+                CheckVerdict::Fail => Outcome::Fail,
+                CheckVerdict::Error => Outcome::Error,
+                CheckVerdict::Warn | CheckVerdict::Skip => Outcome::Other,
+            },
+            message: &self.message,
+            findings: &self.findings,
+        }
+    }
 }
 
 /// A node's registration for intake: its manifest data and the cycle it starts.
@@ -246,6 +268,29 @@ pub struct NodeHistory {
     pub runs: Vec<RunRecord>,
 }
 
+impl NodeHistory {
+    /// The per-component analysis of `cycle`'s finished attempts (kiln-findings): what the
+    /// dead-letter report, the dashboard and `kiln dlq` show.
+    pub fn analysis(&self, cycle: u32) -> Analysis {
+        let attempts: Vec<AttemptInput<'_>> = self
+            .runs
+            .iter()
+            .filter(|r| r.cycle == cycle && r.verdict.is_some())
+            .map(|r| AttemptInput {
+                attempt: r.attempt,
+                checks: r.checks.iter().map(CheckResult::analysis_input).collect(),
+            })
+            .collect();
+        analyze(
+            NodeInput {
+                hostname: &self.node.spec.hostname,
+                bmc_address: &self.node.spec.bmc_address,
+            },
+            &attempts,
+        )
+    }
+}
+
 /// What [`Store::begin_run`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BeginRun {
@@ -263,6 +308,14 @@ pub enum BeginRun {
     },
     /// The message is older than what the store knows (an earlier cycle or attempt): skip it.
     Stale { current: NodeStatus },
+}
+
+/// How [`Store::finish_run_with`] moves the node on besides its verdict.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FinishOptions {
+    /// Dead-letter the node after this failed run, whatever its attempt, and why (a fault no
+    /// retry fixes: an RMA candidate, the same fault on the same part twice).
+    pub dead_letter_now: Option<String>,
 }
 
 /// What [`Store::finish_run`] did.
@@ -699,6 +752,20 @@ impl Store {
         checks: &[CheckResult],
         now_ms: i64,
     ) -> Result<FinishRun> {
+        self.finish_run_with(run, verdict, checks, now_ms, &FinishOptions::default())
+            .await
+    }
+
+    /// [`Store::finish_run`], where a failed run may dead-letter the node before its last
+    /// attempt (`options.dead_letter_now`; the reason goes into the node's state reason).
+    pub async fn finish_run_with(
+        &self,
+        run: i64,
+        verdict: RunVerdict,
+        checks: &[CheckResult],
+        now_ms: i64,
+        options: &FinishOptions,
+    ) -> Result<FinishRun> {
         on_backend!(self, pool => {
             let mut tx = begin_write!(pool);
             let lock = if PG { " FOR UPDATE" } else { "" };
@@ -715,11 +782,21 @@ impl Store {
             if let Some(earlier) = row.try_get::<Option<String>, _>("verdict")? {
                 tx.rollback().await?;
                 let earlier = RunVerdict::parse(&earlier)?;
-                return Ok(FinishRun { state: state_after(earlier, attempt), already_finished: true });
+                // The node row says where that run led (dead-lettered early or not).
+                let current: String = sqlx::query("SELECT state FROM nodes WHERE hostname = $1")
+                    .bind(hostname.as_str())
+                    .fetch_one(pool)
+                    .await?
+                    .try_get("state")?;
+                let state = match current.parse::<NodeState>()? {
+                    NodeState::DeadLettered if earlier == RunVerdict::Fail => NodeState::DeadLettered,
+                    _ => state_after(earlier, attempt),
+                };
+                return Ok(FinishRun { state, already_finished: true });
             }
             for chunk in checks.chunks(ROWS_PER_STATEMENT) {
                 let mut qb = QueryBuilder::<Db>::new(
-                    "INSERT INTO check_results (run_id, check_name, verdict, measured, message, evidence) ",
+                    "INSERT INTO check_results (run_id, check_name, verdict, measured, message, evidence, findings) ",
                 );
                 qb.push_values(chunk, |mut b, c| {
                     b.push_bind(run)
@@ -729,7 +806,12 @@ impl Store {
                     if PG {
                         b.push_unseparated("::jsonb");
                     }
-                    b.push_bind(c.message.as_str()).push_bind(cut_evidence(&c.evidence));
+                    b.push_bind(c.message.as_str())
+                        .push_bind(cut_evidence(&c.evidence))
+                        .push_bind(findings_text(&c.findings));
+                    if PG {
+                        b.push_unseparated("::jsonb");
+                    }
                 });
                 qb.build().execute(&mut *tx).await?;
             }
@@ -739,20 +821,45 @@ impl Store {
                 .bind(run)
                 .execute(&mut *tx)
                 .await?;
-            let state = state_after(verdict, attempt);
+            let early = options.dead_letter_now.as_deref().filter(|_| verdict == RunVerdict::Fail);
+            let state = match early {
+                Some(_) => NodeState::DeadLettered,
+                None => state_after(verdict, attempt),
+            };
             let failed: Vec<&str> = checks
                 .iter()
                 .filter(|c| matches!(c.verdict, CheckVerdict::Fail | CheckVerdict::Error))
                 .map(|c| c.name.as_str())
                 .collect();
-            let reason = match (verdict, failed.is_empty()) {
+            let mut reason = match (verdict, failed.is_empty()) {
                 (RunVerdict::Pass, _) => format!("attempt {attempt} passed"),
                 (RunVerdict::Fail, true) => format!("attempt {attempt} failed"),
                 (RunVerdict::Fail, false) => format!("attempt {attempt} failed: {}", failed.join(", ")),
             };
+            if let Some(why) = early {
+                reason.push_str(&format!(" (dead-lettered at once: {why})"));
+            }
             set_state(&mut tx, &hostname, state, &reason, cycle, i64::from(attempt), now_ms).await?;
             tx.commit().await?;
             Ok(FinishRun { state, already_finished: false })
+        })
+    }
+
+    /// Records something that happened to a node without changing its state (a remediation
+    /// command run between attempts): an event with its current state, cycle and attempt.
+    /// Returns false when the node is unknown.
+    pub async fn add_event(&self, hostname: &str, reason: &str, now_ms: i64) -> Result<bool> {
+        on_backend!(self, pool => {
+            let done = sqlx::query(
+                "INSERT INTO node_events (hostname, at_ms, cycle, attempt, state, reason) \
+                 SELECT hostname, $1, cycle, attempt, state, $2 FROM nodes WHERE hostname = $3",
+            )
+            .bind(now_ms)
+            .bind(reason)
+            .bind(hostname)
+            .execute(pool)
+            .await?;
+            Ok(done.rows_affected() == 1)
         })
     }
 
@@ -831,9 +938,10 @@ impl Store {
                 });
             }
             let measured_col = if PG { "measured::text AS measured" } else { "measured" };
+            let findings_col = if PG { "findings::text AS findings" } else { "findings" };
             for run in &mut runs {
                 for row in sqlx::query(&format!(
-                    "SELECT check_name, verdict, {measured_col}, message, evidence \
+                    "SELECT check_name, verdict, {measured_col}, message, evidence, {findings_col} \
                      FROM check_results WHERE run_id = $1 ORDER BY id"
                 ))
                 .bind(run.id)
@@ -842,6 +950,7 @@ impl Store {
                 {
                     let verdict: String = row.try_get("verdict")?;
                     let measured: String = row.try_get("measured")?;
+                    let findings: String = row.try_get("findings")?;
                     run.checks.push(CheckResult {
                         name: row.try_get("check_name")?,
                         verdict: CheckVerdict::parse(&verdict)?,
@@ -849,6 +958,8 @@ impl Store {
                             .map_err(|e| StoreError::Corrupt(format!("measured values: {e}")))?,
                         message: row.try_get("message")?,
                         evidence: row.try_get("evidence")?,
+                        findings: serde_json::from_str(&findings)
+                            .map_err(|e| StoreError::Corrupt(format!("findings: {e}")))?,
                     });
                 }
             }
@@ -880,6 +991,14 @@ fn labels_json(spec: &NodeSpec) -> String {
     match serde_json::to_string(&spec.labels) {
         Ok(s) => s,
         Err(e) => unreachable!("a map of strings always serialises: {e}"),
+    }
+}
+
+/// A check's findings as stored: a JSON list.
+fn findings_text(f: &[Finding]) -> String {
+    match serde_json::to_string(f) {
+        Ok(s) => s,
+        Err(e) => unreachable!("findings are plain data and always serialise: {e}"),
     }
 }
 

@@ -3,13 +3,17 @@
 //! is given: the action class is a plain string here, decided by the triage service.
 //!
 //! A record is open while the node's current row is still dead-lettered in the record's cycle
-//! (or the node row is gone); `kiln dlq requeue` moves the node to the next cycle, which
-//! resolves it.
+//! (or the node row is gone); `kiln dlq requeue` or `kiln dlq resolve` moves the node to the
+//! next cycle, which closes it (`resolve` also records who did what, for the report).
 //!
 //! The report day is claimed before the email is sent and marked sent after (see
 //! [`Store::claim_report_day`]): a claim is never taken twice, so a day's report goes out at
 //! most once, even when the sender crashed between sending and recording.
 
+use std::collections::BTreeMap;
+
+use kiln_findings::analysis::ANALYSIS_VERSION;
+use kiln_findings::Analysis;
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 
@@ -23,9 +27,12 @@ pub struct FailingCheck {
     pub verdict: String,
     pub message: String,
     pub measured: serde_json::Value,
-    /// Attempts of the cycle in which this check failed (of `attempts`).
+    /// Attempts of the cycle in which this check failed: measured out of bounds.
     pub failed_attempts: u32,
-    /// The action class the triage service gave this check.
+    /// Attempts of the cycle in which this check could not run (counted apart from failures).
+    #[serde(default)]
+    pub error_attempts: u32,
+    /// The action the triage service gave this check (kiln-findings' `Action`, e.g. `rma`).
     pub action: String,
 }
 
@@ -40,13 +47,31 @@ pub struct TriageRecord {
     pub first_failure_at_ms: i64,
     pub last_failure_at_ms: i64,
     pub dead_lettered_at_ms: i64,
-    /// The node's suggested action class.
+    /// The node's action (kiln-findings' `Action`: `rma`, `reset_gpu`, ...), its most severe.
     pub action: String,
     pub last_error: String,
     pub failing_checks: Vec<FailingCheck>,
+    /// The node's manifest labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
     pub recorded_at_ms: i64,
     /// The report day (`YYYY-MM-DD`) that first listed this record, if any.
     pub first_reported_day: Option<String>,
+    /// The per-component view of the cycle (kiln-findings' `Analysis`) as the triage service
+    /// made it; `None` for records from before it existed or of another analysis version.
+    #[serde(default)]
+    pub analysis: Option<Analysis>,
+    /// Who resolved it (`kiln dlq resolve`), if anyone.
+    #[serde(default)]
+    pub resolution: Option<Resolution>,
+}
+
+/// A person's resolution of a dead-lettered node: what they did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resolution {
+    pub by: String,
+    pub note: String,
+    pub at_ms: i64,
 }
 
 /// What [`Store::claim_report_day`] found.
@@ -93,21 +118,54 @@ fn check_day(day: &str) -> Result<()> {
     }
 }
 
+/// A stored analysis: `{}` (older records) and analyses of another version are `None` (the
+/// report then shows the failing checks alone); one of this version that does not parse is a
+/// defect, reported.
+fn analysis_of(text: &str) -> std::result::Result<Option<Analysis>, serde_json::Error> {
+    let v: serde_json::Value = serde_json::from_str(text)?;
+    let version = v.get("version").and_then(serde_json::Value::as_u64);
+    if version != Some(u64::from(ANALYSIS_VERSION)) {
+        return Ok(None);
+    }
+    serde_json::from_value(v).map(Some)
+}
+
 const TRIAGE_COLUMNS: &str = "t.hostname, t.cycle, t.rack, t.bmc_address, t.attempts, \
     t.first_failure_at_ms, t.last_failure_at_ms, t.dead_lettered_at_ms, t.action, t.last_error, \
-    t.failing_checks, t.recorded_at_ms, t.first_reported_day";
+    t.failing_checks, t.recorded_at_ms, t.first_reported_day, t.analysis, t.labels, \
+    t.resolved_by, t.resolved_note, t.resolved_at_ms";
 
 fn record_of<R: Row>(row: &R) -> Result<TriageRecord>
 where
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'a> &'a str: sqlx::ColumnIndex<R>,
 {
     let hostname: String = row.try_get("hostname")?;
     let checks: String = row.try_get("failing_checks")?;
     let failing_checks = serde_json::from_str(&checks)
         .map_err(|e| StoreError::Corrupt(format!("failing checks of {hostname}: {e}")))?;
+    let analysis: String = row.try_get("analysis")?;
+    let analysis = analysis_of(&analysis)
+        .map_err(|e| StoreError::Corrupt(format!("analysis of {hostname}: {e}")))?;
+    let labels: String = row.try_get("labels")?;
+    let labels = serde_json::from_str(&labels)
+        .map_err(|e| StoreError::Corrupt(format!("labels of {hostname}: {e}")))?;
+    let resolution = match (
+        row.try_get::<Option<String>, _>("resolved_by")?,
+        row.try_get::<Option<i64>, _>("resolved_at_ms")?,
+    ) {
+        (Some(by), Some(at_ms)) => Some(Resolution {
+            by,
+            note: row
+                .try_get::<Option<String>, _>("resolved_note")?
+                .unwrap_or_default(),
+            at_ms,
+        }),
+        _ => None,
+    };
     Ok(TriageRecord {
         cycle: u32_of(row.try_get("cycle")?, "cycle")?,
         rack: row.try_get("rack")?,
@@ -119,8 +177,11 @@ where
         action: row.try_get("action")?,
         last_error: row.try_get("last_error")?,
         failing_checks,
+        labels,
         recorded_at_ms: row.try_get("recorded_at_ms")?,
         first_reported_day: row.try_get("first_reported_day")?,
+        analysis,
+        resolution,
         hostname,
     })
 }
@@ -131,12 +192,19 @@ impl Store {
     pub async fn record_triage(&self, r: &TriageRecord) -> Result<bool> {
         let checks = serde_json::to_string(&r.failing_checks)
             .map_err(|e| StoreError::Corrupt(format!("failing checks: {e}")))?;
+        let analysis = match &r.analysis {
+            None => "{}".to_string(),
+            Some(a) => serde_json::to_string(a)
+                .map_err(|e| StoreError::Corrupt(format!("analysis: {e}")))?,
+        };
+        let labels = serde_json::to_string(&r.labels)
+            .map_err(|e| StoreError::Corrupt(format!("labels: {e}")))?;
         on_backend!(self, pool => {
             let done = sqlx::query(
                 "INSERT INTO triage (hostname, cycle, rack, bmc_address, attempts, \
                  first_failure_at_ms, last_failure_at_ms, dead_lettered_at_ms, action, last_error, \
-                 failing_checks, recorded_at_ms, first_reported_day) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL) \
+                 failing_checks, recorded_at_ms, first_reported_day, analysis, labels) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL, $13, $14) \
                  ON CONFLICT (hostname, cycle) DO NOTHING",
             )
             .bind(r.hostname.as_str())
@@ -151,9 +219,80 @@ impl Store {
             .bind(r.last_error.as_str())
             .bind(checks.as_str())
             .bind(r.recorded_at_ms)
+            .bind(analysis.as_str())
+            .bind(labels.as_str())
             .execute(pool)
             .await?;
             Ok(done.rows_affected() == 1)
+        })
+    }
+
+    /// Open records whose node action is `action` (all open ones for `None`), newest first.
+    pub async fn open_triage_by_action(&self, action: Option<&str>) -> Result<Vec<TriageRecord>> {
+        let mut all = self.open_triage().await?;
+        if let Some(a) = action {
+            all.retain(|r| r.action == a);
+        }
+        all.sort_by(|a, b| {
+            b.dead_lettered_at_ms
+                .cmp(&a.dead_lettered_at_ms)
+                .then_with(|| a.hostname.cmp(&b.hostname))
+        });
+        Ok(all)
+    }
+
+    /// Records `by`'s resolution of `hostname`'s open record (its latest cycle) and returns
+    /// the record; `None` when the node has no open record. The caller then queues the node's
+    /// next cycle (which closes the record).
+    pub async fn resolve_triage(
+        &self,
+        hostname: &str,
+        by: &str,
+        note: &str,
+        now_ms: i64,
+    ) -> Result<Option<TriageRecord>> {
+        let Some(mut open) = self
+            .open_triage()
+            .await?
+            .into_iter()
+            .filter(|r| r.hostname == hostname)
+            .max_by_key(|r| r.cycle)
+        else {
+            return Ok(None);
+        };
+        on_backend!(self, pool => {
+            sqlx::query(
+                "UPDATE triage SET resolved_by = $1, resolved_note = $2, resolved_at_ms = $3 \
+                 WHERE hostname = $4 AND cycle = $5",
+            )
+            .bind(by)
+            .bind(note)
+            .bind(now_ms)
+            .bind(hostname)
+            .bind(i64::from(open.cycle))
+            .execute(pool)
+            .await?;
+        });
+        open.resolution = Some(Resolution {
+            by: by.to_string(),
+            note: note.to_string(),
+            at_ms: now_ms,
+        });
+        Ok(Some(open))
+    }
+
+    /// Records resolved at or after `since_ms`, oldest first (the report's "resolved" list).
+    pub async fn resolved_since(&self, since_ms: i64) -> Result<Vec<TriageRecord>> {
+        on_backend!(self, pool => {
+            let rows = sqlx::query(&format!(
+                "SELECT {TRIAGE_COLUMNS} FROM triage t \
+                 WHERE t.resolved_at_ms IS NOT NULL AND t.resolved_at_ms >= $1 \
+                 ORDER BY t.resolved_at_ms, t.hostname"
+            ))
+            .bind(since_ms)
+            .fetch_all(pool)
+            .await?;
+            rows.iter().map(record_of).collect()
         })
     }
 

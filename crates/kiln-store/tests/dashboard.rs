@@ -42,6 +42,7 @@ fn check(name: &str, verdict: CheckVerdict) -> CheckResult {
         measured: serde_json::json!({"gpu_count": 7}),
         message: format!("{name}: {}", verdict.as_str()),
         evidence: String::new(),
+        findings: Vec::new(),
     }
 }
 

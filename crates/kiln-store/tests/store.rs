@@ -1,11 +1,12 @@
 //! The results store against real databases: every test runs once on a SQLite file and once
 //! on a PostgreSQL database of the server `scripts/test` starts (KILN_TEST_POSTGRES_URL).
 
+use kiln_findings::{Action, Component, ComponentKind, Finding};
 use kiln_manifest::NodeSpec;
 use kiln_store::testing::fresh_postgres_database;
 use kiln_store::{
-    BeginRun, CheckResult, CheckVerdict, NodeState, QueuedNode, RunVerdict, Store, StoreError,
-    EVIDENCE_BYTES_MAX, MAX_ATTEMPTS,
+    BeginRun, CheckResult, CheckVerdict, FinishOptions, NodeState, QueuedNode, RunVerdict, Store,
+    StoreError, EVIDENCE_BYTES_MAX, MAX_ATTEMPTS,
 };
 
 struct Db {
@@ -67,6 +68,8 @@ on_both_backends!(
     concurrent_begin_runs_of_one_attempt_make_one_run,
     the_database_itself_keeps_node_cycle_attempt_unique,
     unknown_runs_and_oversized_evidence,
+    a_failed_run_can_dead_letter_at_once_and_keeps_its_findings,
+    triage_records_keep_their_analysis_and_resolution,
 );
 
 fn spec(host: &str, rack: &str) -> NodeSpec {
@@ -87,6 +90,7 @@ fn check(name: &str, verdict: CheckVerdict) -> CheckResult {
         measured: serde_json::json!({"gpu_count": 8, "expected": 8, "temps_c": [41.5, 43.0]}),
         message: format!("{name} looked at 8 GPUs"),
         evidence: "nvidia-smi -q\n...raw output...".into(),
+        findings: Vec::new(),
     }
 }
 
@@ -500,6 +504,167 @@ async fn unknown_runs_and_oversized_evidence(db: &Db) {
         )),
         "says what was cut"
     );
+}
+
+async fn a_failed_run_can_dead_letter_at_once_and_keeps_its_findings(db: &Db) {
+    let s = &db.store;
+    let node = spec("n1", "a");
+    let run = match s
+        .begin_run(&node, 1, 1, "agent", 1000)
+        .await
+        .expect("begin")
+    {
+        BeginRun::Started { run } => run,
+        other => panic!("{other:?}"),
+    };
+    let mut c = check("gpu_row_remap", CheckVerdict::Fail);
+    c.findings = vec![Finding::new(
+        Component::new(ComponentKind::Gpu)
+            .index(3)
+            .serial(Some("1654922006537".into())),
+        "row_remap_failure",
+        Action::Rma,
+        "GPU 3: row-remap failure",
+    )
+    .with_evidence("rows remapped: 0 correctable, 8 uncorrectable")
+    .with_counter("rows_remapped_uncorrectable", 8)];
+    let early = FinishOptions {
+        dead_letter_now: Some("RMA candidate: GPU 3".into()),
+    };
+    let done = s
+        .finish_run_with(
+            run,
+            RunVerdict::Fail,
+            std::slice::from_ref(&c),
+            1500,
+            &early,
+        )
+        .await
+        .expect("finish");
+    assert_eq!(
+        (done.state, done.already_finished),
+        (NodeState::DeadLettered, false)
+    );
+    // A redelivered attempt finds it finished, and dead-lettered, not retrying.
+    let again = s
+        .finish_run_with(
+            run,
+            RunVerdict::Fail,
+            std::slice::from_ref(&c),
+            1600,
+            &early,
+        )
+        .await
+        .expect("again");
+    assert_eq!(
+        (again.state, again.already_finished),
+        (NodeState::DeadLettered, true)
+    );
+    assert!(s
+        .add_event("n1", "remediation reset_gpu: exit Some(0)", 1700)
+        .await
+        .expect("event"));
+    assert!(!s.add_event("nobody", "x", 1700).await.expect("unknown"));
+    let h = s.node_history("n1").await.expect("history").expect("known");
+    assert!(
+        h.node
+            .state_reason
+            .contains("dead-lettered at once: RMA candidate"),
+        "{}",
+        h.node.state_reason
+    );
+    assert_eq!(
+        h.runs[0].checks[0].findings, c.findings,
+        "findings round-trip"
+    );
+    assert!(h.events.iter().any(|e| e.reason.starts_with("remediation")));
+    let a = h.analysis(1);
+    assert_eq!(a.action, Some(Action::Rma));
+    assert_eq!(
+        a.components[0].component.serial.as_deref(),
+        Some("1654922006537")
+    );
+}
+
+async fn triage_records_keep_their_analysis_and_resolution(db: &Db) {
+    use kiln_store::triage::TriageRecord;
+    let s = &db.store;
+    let node = spec("n2", "b");
+    let run = match s
+        .begin_run(&node, 1, 1, "agent", 1000)
+        .await
+        .expect("begin")
+    {
+        BeginRun::Started { run } => run,
+        other => panic!("{other:?}"),
+    };
+    let early = FinishOptions {
+        dead_letter_now: Some("x".into()),
+    };
+    s.finish_run_with(
+        run,
+        RunVerdict::Fail,
+        &[check("gpu_ecc", CheckVerdict::Fail)],
+        1100,
+        &early,
+    )
+    .await
+    .expect("finish");
+    let h = s.node_history("n2").await.expect("h").expect("known");
+    let record = TriageRecord {
+        hostname: "n2".into(),
+        cycle: 1,
+        rack: "b".into(),
+        bmc_address: node.bmc_address.clone(),
+        attempts: 1,
+        first_failure_at_ms: 1100,
+        last_failure_at_ms: 1100,
+        dead_lettered_at_ms: 1100,
+        action: "investigate".into(),
+        last_error: "gpu_ecc failed".into(),
+        failing_checks: vec![],
+        labels: [("switch".to_string(), "leaf-3".to_string())].into(),
+        recorded_at_ms: 1200,
+        first_reported_day: None,
+        analysis: Some(h.analysis(1)),
+        resolution: None,
+    };
+    assert!(s.record_triage(&record).await.expect("record"));
+    let open = s.open_triage().await.expect("open");
+    assert_eq!(open, vec![record.clone()], "analysis and labels round-trip");
+    assert_eq!(
+        s.open_triage_by_action(Some("investigate"))
+            .await
+            .expect("by action")
+            .len(),
+        1
+    );
+    assert!(s
+        .open_triage_by_action(Some("rma"))
+        .await
+        .expect("rma")
+        .is_empty());
+    let resolved = s
+        .resolve_triage("n2", "ana", "GPU 3 replaced, RMA 12345", 5000)
+        .await
+        .expect("resolve")
+        .expect("open record");
+    assert_eq!(
+        resolved.resolution.as_ref().map(|r| r.by.as_str()),
+        Some("ana")
+    );
+    assert!(s
+        .resolve_triage("nobody", "ana", "x", 5000)
+        .await
+        .expect("none")
+        .is_none());
+    let since = s.resolved_since(4000).await.expect("since");
+    assert_eq!(since.len(), 1);
+    assert_eq!(
+        since[0].resolution.as_ref().map(|r| r.note.as_str()),
+        Some("GPU 3 replaced, RMA 12345")
+    );
+    assert!(s.resolved_since(6000).await.expect("later").is_empty());
 }
 
 #[tokio::test]

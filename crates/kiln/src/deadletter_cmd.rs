@@ -68,7 +68,7 @@ async fn dry_run(config: &DeadletterConfig, r: &ReportArgs) -> anyhow::Result<()
         None => schedule.day_of(Timestamp::now()),
     };
     let store = Store::connect(&config.database_url).await?;
-    let report = build_report(&store, day, &schedule).await;
+    let report = build_report(&store, day, &schedule, &config.report).await;
     store.close().await;
     let report = report?;
     if r.html {

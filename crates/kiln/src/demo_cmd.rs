@@ -40,7 +40,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 3)]
     agents: usize,
     /// Inject HOST=KIND (repeatable) instead of the default set of faults; KIND is one of
-    /// ecc, row-remap, stuck-ib, firmware-drift, sel-critical, hang, unreachable, flaky:N.
+    /// the faults of `kiln sim --fault` (ecc, row-remap, stuck-ib, dcgm-fail, psu-fail, ...).
     #[arg(long = "fault", value_name = "HOST=KIND")]
     faults: Vec<String>,
     /// Work directory (broker data, store, fleet keys, the email); must be empty or absent.
@@ -58,8 +58,10 @@ pub struct DemoArgs {
     stay: bool,
 }
 
-/// Faults of the default demo, by node index: one of each permanent kind (dead-lettered
-/// after ten attempts) and one that heals after two failed runs (passes on a retry).
+/// Faults of the default demo, by node index: one of each permanent kind (dead-lettered after
+/// one attempt for an RMA candidate, two for the same fault twice, ten when nothing answers)
+/// and one that heals after a failed run (passes on its retry; failing the same way twice
+/// would dead-letter it).
 /// `hang` is left out: each of its attempts waits out the stress steps' timeouts.
 const DEFAULT_FAULTS: [(usize, &str); 7] = [
     (2, "ecc"),
@@ -68,7 +70,7 @@ const DEFAULT_FAULTS: [(usize, &str); 7] = [
     (12, "sel-critical"),
     (15, "unreachable"),
     (17, "row-remap"),
-    (20, "flaky:2"),
+    (20, "flaky:1"),
 ];
 
 /// Failing checks named per node in the summary (an unreachable node fails all of them).
@@ -432,7 +434,8 @@ async fn print_summary(
                 } else {
                     names.join(", ")
                 };
-                let action = kiln_deadletter::ActionClass::parse(&t.action).label();
+                let action = kiln_findings::Action::parse(&t.action)
+                    .map_or_else(|| t.action.clone(), |a| a.label().to_string());
                 format!("{shown}  => {action}")
             })
             .unwrap_or_default();

@@ -18,7 +18,8 @@ pub struct SimArgs {
     #[arg(long, default_value = "H100-SXM", value_parser = parse_model)]
     pub gpu_model: GpuModel,
     /// Inject a fault: HOST=KIND, KIND one of ecc, row-remap, stuck-ib, firmware-drift,
-    /// sel-critical, hang, unreachable, flaky:N (first N runs fail), flaky:P (probability P,
+    /// sel-critical, dcgm-fail, ib-flap, eth-slow, throttle, xid79, nvlink-down, psu-fail,
+    /// smart-critical, hang, unreachable, flaky:N (first N runs fail), flaky:P (probability P,
     /// e.g. 0.3). Repeatable.
     #[arg(long = "fault", value_name = "HOST=KIND")]
     pub faults: Vec<String>,
@@ -38,7 +39,7 @@ pub struct SimArgs {
     /// Directory for the manifest, keys and agent settings.
     #[arg(long, default_value = "kiln-sim")]
     pub out: PathBuf,
-    /// The shared fixtures directory (default: KILN_FIXTURES or ../shared/fixtures).
+    /// The shared fixtures directory (default: KILN_FIXTURES or the repository's fixtures/).
     #[arg(long)]
     pub fixtures: Option<PathBuf>,
 }

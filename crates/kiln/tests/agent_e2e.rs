@@ -4,7 +4,7 @@
 //! timeout). One agent is killed with SIGKILL while it has a run in progress. At the end every
 //! node is passed or dead-lettered, the failing ones after exactly 10 attempts and on
 //! kiln.nodes.dlq, and every message below a committed offset has its result in the store.
-//! Then `kiln nodes show` and `kiln dlq requeue` send a dead-lettered node through a second cycle.
+//! Then `kiln nodes show`, `kiln dlq list` and `kiln dlq resolve` send a dead-lettered node through a second cycle.
 
 mod common;
 use common::java_partition;
@@ -487,7 +487,7 @@ fn agents_burn_in_retry_dead_letter_and_survive_a_kill() {
     let checked = assert_committed_have_results(&rt, &addr, &db_url);
     assert!(checked >= 12 + 3 * 9, "checked {checked} committed records");
 
-    // `kiln nodes show` and `kiln dlq requeue`: a repaired node goes through a second cycle.
+    // `kiln nodes show`, `kiln dlq list` and `kiln dlq resolve`: a repaired node goes through a second cycle.
     let kiln = |args: &[&str]| {
         Command::new(KILN)
             .args(args)
@@ -511,17 +511,44 @@ fn agents_burn_in_retry_dead_letter_and_survive_a_kill() {
     );
     let refused = kiln(&["dlq", "requeue", "gpu-b-00", "--bootstrap", &addr]);
     assert!(!refused.status.success(), "a passed node is not requeued");
-    let requeue = kiln(&["dlq", "requeue", "gpu-a-00", "--bootstrap", &addr]);
+    let listed = kiln(&["dlq", "list", "--action", "investigate"]);
+    let out = String::from_utf8_lossy(&listed.stdout);
     assert!(
-        requeue.status.success(),
-        "{}",
-        String::from_utf8_lossy(&requeue.stderr)
+        listed.status.success() && out.contains("gpu-a-00") && out.contains("investigate"),
+        "{out}{}",
+        String::from_utf8_lossy(&listed.stderr)
     );
+    let none = kiln(&["dlq", "list", "--action", "rma"]);
+    assert!(!String::from_utf8_lossy(&none.stdout).contains("gpu-a-00"));
+    assert!(!kiln(&["dlq", "list", "--action", "pray"]).status.success());
+    let resolve = kiln(&[
+        "dlq",
+        "resolve",
+        "gpu-a-00",
+        "--note",
+        "GPU 3 reseated",
+        "--by",
+        "ana",
+        "--bootstrap",
+        &addr,
+    ]);
+    assert!(
+        resolve.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resolve.stderr)
+    );
+    assert!(String::from_utf8_lossy(&resolve.stdout).contains("requeued as cycle 2"));
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let h = &histories(&rt, &db_url)["gpu-a-00"];
         if h.node.cycle == 2 && h.node.state == NodeState::DeadLettered {
             assert_eq!(h.runs.len(), 20, "ten attempts in each cycle");
+            assert!(
+                h.events
+                    .iter()
+                    .any(|e| e.reason == "resolved by ana: GPU 3 reseated"),
+                "the resolution is in the history"
+            );
             break;
         }
         assert!(

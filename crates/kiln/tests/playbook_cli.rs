@@ -22,10 +22,8 @@ fn kiln(args: &[&str]) -> Output {
 
 /// A `kiln probe` report of the recorded H100 node, after `edit` changed the recording.
 fn probe_file(dir: &Path, name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
-    let text = std::fs::read_to_string(
-        repo().join("crates/kiln-checks/tests/fixtures/probe-h100-healthy.json"),
-    )
-    .unwrap();
+    let text =
+        std::fs::read_to_string(repo().join("fixtures/kiln/probe-h100-healthy.json")).unwrap();
     let mut recording: serde_json::Value = serde_json::from_str(&text).unwrap();
     edit(&mut recording);
     let gpus = RecordedGpus::from_json(&recording.to_string()).unwrap();
@@ -149,4 +147,123 @@ fn check_validates_shipped_playbooks_and_refuses_bad_ones_with_line_and_field() 
     ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no step"));
+}
+
+/// sushy-static (scripts/install-test-deps) serving a DMTF mockup on a free port; killed on drop.
+struct Sushy(std::process::Child, u16);
+
+impl Drop for Sushy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn sushy(mockup: &str) -> Sushy {
+    let bin = repo().join(".venv/bin/sushy-static");
+    assert!(
+        bin.exists(),
+        "no {}: run scripts/install-test-deps",
+        bin.display()
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new(&bin)
+        .args(["-i", "127.0.0.1", "-p", &port.to_string(), "-m"])
+        .arg(repo().join("fixtures/redfish").join(mockup))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let s = Sushy(child, port);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sushy-static did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    s
+}
+
+#[test]
+fn redfish_steps_run_by_hand_against_a_bmc() {
+    let s = sushy("public-rackmount1");
+    let url = format!("http://127.0.0.1:{}", s.1);
+    let out = kiln(&[
+        "playbook",
+        "run",
+        "playbooks/cpu-smoke.yaml",
+        "--only",
+        "bmc",
+        "--bmc",
+        &url,
+        "--firmware-bmc",
+        "1.45.455b66-rev4",
+        "--firmware-bios",
+        "P79 v1.45",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "pass   bmc_firmware",
+        "FAIL   bmc_sel",
+        "System May be Melting",
+        "FAIL   bmc_chassis",
+        "PSU 1 Health Warning",
+    ] {
+        assert!(stdout.contains(line), "{line:?} not in:\n{stdout}");
+    }
+    // A user needs a password file; a bad CA file is refused before anything runs.
+    let out = kiln(&[
+        "playbook",
+        "run",
+        "playbooks/cpu-smoke.yaml",
+        "--bmc",
+        &url,
+        "--bmc-user",
+        "x",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--bmc-password-file"));
+}
+
+#[test]
+fn nic_steps_run_by_hand_on_a_saved_sysfs_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("fixtures/sysfs/learn_stuck_ib_intf.json")).unwrap(),
+    )
+    .unwrap();
+    for (path, content) in snap.as_object().unwrap() {
+        let dest = dir.path().join(path.strip_prefix("/sys/").unwrap());
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        std::fs::write(dest, content.as_str().unwrap()).unwrap();
+    }
+    let out = kiln(&[
+        "playbook",
+        "run",
+        "playbooks/sim/h100-sxm.yaml",
+        "--only",
+        "infiniband",
+        "--sysfs-root",
+        dir.path().to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "{stdout}");
+    assert!(
+        stdout.contains(
+            "mlx5_6 port 1: state \"2: INIT\", expected ACTIVE (link up, but the subnet manager"
+        ),
+        "{stdout}"
+    );
 }

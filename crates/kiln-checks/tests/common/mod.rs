@@ -25,6 +25,7 @@ pub fn node(gpu_count: u32) -> NodeTarget {
             nic: Some("20.31.2354".into()),
         },
         registered_at: datetime!(2012-01-01 00:00 UTC),
+        labels: Default::default(),
     }
 }
 
@@ -32,18 +33,13 @@ pub fn ctx(gpu_count: u32, budget: Duration) -> CheckContext {
     CheckContext::new(node(gpu_count), tokio::time::Instant::now() + budget)
 }
 
-/// `shared/fixtures`: `KILN_FIXTURES`, else `../shared/fixtures` beside the repository.
+/// The repository's `fixtures/` (recordings with their SOURCE and LICENSE; fixtures/README.md).
 pub fn fixtures() -> PathBuf {
-    match std::env::var_os("KILN_FIXTURES") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"),
-    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
 }
 
-/// This crate's own fixtures.
+/// A file of Kiln's own recordings (`fixtures/kiln`).
 pub fn own_fixture(name: &str) -> String {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name);
+    let p = fixtures().join("kiln").join(name);
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
