@@ -1,5 +1,5 @@
-//! A data directory of the previous standalone layout (tests/fixtures/layout-v1, written by
-//! that version's own broker; see its SOURCE) is converted on the first start: same topics and
+//! A data directory of the previous standalone layout (fixtures/kiln/layout-v1, written by
+//! that version's own broker; see fixtures/kiln/layout-v1.md) is converted on the first start: same topics and
 //! ids, every record at its offset (a partition whose retention had moved its start keeps it),
 //! every committed offset, the cluster id; the old files are kept aside; a second start does
 //! nothing more. The previous cluster layout is refused with a message.
@@ -16,7 +16,8 @@ use kafka_protocol::messages::*;
 use kafka_protocol::records::RecordBatchDecoder;
 use kiln_client::Connection;
 
-const FIXTURE: &str = "tests/fixtures/layout-v1/data";
+/// Relative to this crate.
+const FIXTURE: &str = "../../fixtures/kiln/layout-v1/data";
 
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
