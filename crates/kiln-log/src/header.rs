@@ -160,7 +160,7 @@ impl Slot {
 
     /// Where this slot is written: the two slots take turns.
     pub fn position(&self) -> u64 {
-        if self.seq % 2 == 0 {
+        if self.seq.is_multiple_of(2) {
             0
         } else {
             SLOT_B_AT

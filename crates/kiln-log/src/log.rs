@@ -437,14 +437,13 @@ impl Log {
             end.next_kafka,
             end.last_term,
         )
-        .map_err(|e| {
+        .inspect_err(|_| {
             // Leave no stray file: an empty segment in the middle would break contiguity.
             if let Err(cleanup) =
                 segment::remove_files(self.inner.fs.as_ref(), &self.inner.dir, end.next_index)
             {
                 tracing::warn!(error = %cleanup, "could not remove a half-created segment");
             }
-            e
         })?;
         let seg = Arc::new(seg);
         let old = std::mem::replace(&mut st.active, seg.clone());

@@ -172,6 +172,10 @@ mod tests {
     use kiln_log::sim_fs::{SimFs, SyncBehaviour};
     use std::path::Path;
 
+    /// Linux's ENOSPC and EDQUOT.
+    const ENOSPC: i32 = 28;
+    const EDQUOT: i32 = 122;
+
     /// A simulated file whose first `fail_appends` writes and first `fail_syncs` syncs fail
     /// with `error` (a sync failure after the bytes were written, as a delayed allocation
     /// failure shows up).

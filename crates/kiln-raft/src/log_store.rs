@@ -1,5 +1,5 @@
 //! The Raft log of a replica, on kiln-log: the partition's segments are its Raft log, each
-//! record written to disk once (docs/replication.md, "Log layout").
+//! record written to disk once (docs/replication.md, "Log layout: one engine").
 //!
 //! openraft's entries map onto stored entries one to one: a normal entry with records is its
 //! batches; a blank entry, a membership and a command are each one control batch. The term is
@@ -18,6 +18,9 @@
 //! store openraft's core owns reads a data partition's entries as summaries (record counts, no
 //! bytes): the core only applies them, and applying a data entry only counts its records.
 
+// openraft's storage traits fix the error type (`StorageError`, large); helpers that feed
+// them return it too rather than convert at every call.
+#![allow(clippy::result_large_err)]
 use std::collections::VecDeque;
 use std::fmt::Debug;
 use std::io;

@@ -19,7 +19,7 @@ use support::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stale_leader_cannot_truncate_a_replica_that_lost_its_vote_record() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut brokers, peers) = start_cluster(dir.path(), None).await;
+    let (brokers, peers) = start_cluster(dir.path(), None).await;
     let first = {
         let all: Vec<&ReplicatedPartition> = brokers.iter().map(|b| &b.replica).collect();
         wait_for_leader(&all).await

@@ -118,7 +118,7 @@ async fn check_new_member(
             tracing::info!(peers = ?answered, "new data directory: no peer that answered knows this node id under another directory; joining");
             return Ok(());
         }
-        if round % WAITING_LOG_EVERY == 0 {
+        if round.is_multiple_of(WAITING_LOG_EVERY) {
             tracing::warn!(peers = ?others.iter().map(|p| p.id).collect::<Vec<_>>(), "new data directory: waiting for a peer to say whether a cluster already exists");
         }
         round += 1;

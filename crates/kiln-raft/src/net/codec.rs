@@ -336,7 +336,7 @@ pub fn encode(group: &str, message: &Message) -> Result<Vec<u8>, CodecError> {
             put_u64(&mut out, *target);
             encode_vote_payload(&rpc.vote, &mut out);
             put_log_id(&mut out, &rpc.meta.last_log_id);
-            put_log_id(&mut out, &*rpc.meta.last_membership.log_id());
+            put_log_id(&mut out, rpc.meta.last_membership.log_id());
             encode_membership(rpc.meta.last_membership.membership(), &mut out);
             let id = rpc.meta.snapshot_id.as_bytes();
             let id_len = u16::try_from(id.len()).map_err(|_| malformed("snapshot id too long"))?;

@@ -698,7 +698,8 @@ impl World {
         };
         self.report.retentions += 1;
         self.log(format!("retention on leader {}: {command:?}", leader.id()));
-        let _ = leader.proposer().submit_command(command);
+        // Not awaited: the command is queued either way, and the run goes on.
+        drop(leader.proposer().submit_command(command));
     }
 
     fn power_loss(&mut self, why: &str) {
