@@ -422,3 +422,53 @@ async fn brokers_of_a_new_cluster_start_in_any_order_and_a_broker_whose_disk_was
     let mut conn = c.by_id(leader).connect().await;
     assert_eq!(produce(&mut conn, &topic, 0, 1).await.0, 0);
 }
+
+/// The cluster id in a Metadata answer from the broker at the other end of `conn`.
+async fn metadata_cluster_id(conn: &mut Connection) -> Option<String> {
+    let request = MetadataRequest::default().with_topics(Some(vec![]));
+    let ResponseKind::Metadata(r) = conn
+        .call_at(9, RequestKind::Metadata(request), T)
+        .await
+        .unwrap()
+    else {
+        panic!("Metadata")
+    };
+    r.cluster_id.map(|s| s.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_broker_reports_its_clusters_id_from_its_first_answer() {
+    let mut c = Cluster::start().await;
+    c.controller().await;
+    let named = c
+        .until("every broker to know the cluster id", |c| {
+            let ids: Vec<Option<String>> = c.live().map(|b| b.broker.cluster_id()).collect();
+            (ids[0].is_some() && ids.iter().all(|i| *i == ids[0])).then(|| ids[0].clone())
+        })
+        .await
+        .unwrap();
+    for b in c.live() {
+        let mut conn = b.connect().await;
+        assert_eq!(
+            metadata_cluster_id(&mut conn).await.as_deref(),
+            Some(named.as_str())
+        );
+    }
+    // Every broker stops; one comes back alone. Without a majority it applies nothing of the
+    // metadata log, and still answers with the cluster's id (recorded in broker.json), never
+    // one of its own.
+    for id in [1, 2, 3] {
+        c.stop(id).await;
+    }
+    c.restart(2).await;
+    assert_eq!(
+        c.by_id(2).broker.cluster.controller(),
+        -1,
+        "alone, it has no controller"
+    );
+    let mut conn = c.by_id(2).connect().await;
+    assert_eq!(
+        metadata_cluster_id(&mut conn).await.as_deref(),
+        Some(named.as_str())
+    );
+}
