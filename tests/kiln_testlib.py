@@ -279,7 +279,6 @@ def rdk_producer_conf(broker: Broker, **overrides) -> dict:
     conf = {
         "bootstrap.servers": broker.addr,
         "broker.address.family": "v4",
-        "enable.idempotence": False,  # InitProducerId is not implemented yet
         "acks": "all",
         "linger.ms": 5,
         "message.timeout.ms": 15000,

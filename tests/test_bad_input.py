@@ -203,18 +203,19 @@ def test_unsupported_version_of_other_api(seeded):
     assert_healthy(seeded)
 
 
-INIT_PRODUCER_ID = 22  # a real Kafka API that Kiln does not serve (no idempotent producers yet)
+ADD_PARTITIONS_TO_TXN = 24  # a real Kafka API that Kiln does not serve (no transactions)
 
 
 def test_not_advertised_api(seeded):
-    """A real Kafka API the broker does not list in ApiVersions (InitProducerId)."""
+    """A real Kafka API the broker does not list in ApiVersions (AddPartitionsToTxn)."""
     with kr.Conn(seeded.addr) as c:
         _, apis = kr.api_versions_v0(c)
-        assert INIT_PRODUCER_ID not in apis, "InitProducerId is advertised now: pick another API"
+        assert ADD_PARTITIONS_TO_TXN not in apis, "AddPartitionsToTxn is advertised now: pick another API"
         n0 = len(seeded.log_text())
-        # InitProducerId v0: transactional_id (nullable string) and transaction_timeout_ms.
-        corr = c.send_request(INIT_PRODUCER_ID, 0, kr.i16(-1) + kr.i32(60000), corr=4244)
-        print("InitProducerId v0:", expect_error_or_close(seeded, c, corr, n0))
+        # AddPartitionsToTxn v0: transactional_id, producer_id, producer_epoch, topics [].
+        body = kr.i16(1) + b"t" + struct.pack(">q", 1) + kr.i16(0) + kr.i32(0)
+        corr = c.send_request(ADD_PARTITIONS_TO_TXN, 0, body, corr=4244)
+        print("AddPartitionsToTxn v0:", expect_error_or_close(seeded, c, corr, n0))
     assert_healthy(seeded)
 
 

@@ -1,8 +1,10 @@
 """Three brokers, replication factor 3: kill -9 and SIGSTOP partition leaders under load;
 no acknowledged (acks=all) record may be lost, and failover must be quick.
 
-A librdkafka producer (acks=all, retries allowed, one request in flight per connection,
-request.timeout.ms short enough to give up on a paused leader) writes keyed records "key:seq" to a topic of 3 partitions, RF 3. A seeded chaos
+A librdkafka producer with idempotence on (enable.idempotence=true: acks=all, retries, up to
+five requests in flight per partition, sequence numbers checked by the leaders;
+request.timeout.ms short enough to give up on a paused leader) writes keyed records "key:seq"
+to a topic of 3 partitions, RF 3. A seeded chaos
 thread repeatedly picks the current leader of a random partition (the highest leader epoch
 any running broker reports) and either
 
@@ -16,9 +18,14 @@ any running broker reports) and either
 Before each action every partition must have a leader that every running broker agrees on.
 A consumer tails every partition from offset 0 the whole time.
 
+Until it has made KILN_CHAOS_KILLS kills and KILN_CHAOS_STOPS pauses (defaults 20 and 10).
+
 Afterwards (every node running) each partition is read from offset 0 and checked:
   - every acknowledged record is present, at the offset its acknowledgement named
-    (lost = 0); duplicates from retries are allowed and counted;
+    (lost = 0), and exactly once (duplicated = 0: a retried batch is recognised by its
+    producer id and sequence numbers, also by a new leader);
+  - per key, records appear in the order they were produced (no retry lands after a later
+    batch), and the producer never hit a fatal idempotence error;
   - offsets are contiguous from 0, and no record that was never produced appears;
   - offsets follow real time: a record handed to the client after another record of the same
     partition was acknowledged is acknowledged at a higher offset (an acknowledged record is
@@ -30,19 +37,13 @@ Afterwards (every node running) each partition is read from offset 0 and checked
     new leader: it must hold the same records up to the old high watermark (the replicas
     agree), and its high watermark must not be lower.
 
-Per-key order of first occurrences is counted ("retry_inversions" in the summary) but not
-asserted: without idempotence librdkafka keeps max.in.flight per connection, not per
-partition, so when a partition's leader changes while a request is outstanding on the old
-leader's connection (a paused leader), later batches go to the new leader and the earlier
-batch, once it times out, is retried after them. No broker can prevent that; idempotent
-producers (InitProducerId, not implemented yet) would.
-
 Failover: median of all samples < 2 s (the replication spec's target), every sample
 measured within PROBE_LIMIT_S. The summary also gives, per kill, when a running broker first
 named a new leader in Metadata, which separates election time from the write path.
 
 Environment: KILN_CHAOS_SEED (the seed; printed, and named in failures),
-KILN_CHAOS_KILLS (kills; default 20, the test's time grows with it).
+KILN_CHAOS_KILLS (kills; default 20) and KILN_CHAOS_STOPS (pauses; default 10); the test's
+time grows with them.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ from kiln_testlib import RDKAFKA_LOG, rdk_consumer, read_partition, watermarks
 
 SEED = int(os.environ.get("KILN_CHAOS_SEED", "4242"))
 KILLS = max(1, int(os.environ.get("KILN_CHAOS_KILLS", "20")))
-STOP_SHARE = 0.25             # share of chaos actions that are SIGSTOP pauses instead of kills
+STOPS = max(0, int(os.environ.get("KILN_CHAOS_STOPS", "10")))
+STOP_SHARE = 0.35             # share of chaos actions that are SIGSTOP pauses, while both are due
 STOP_S = (1.0, 4.0)           # pause length
 RESTART_PAUSE_S = (0.0, 1.0)  # after the failover is measured, before the victim restarts
 GAP_S = (0.2, 1.0)            # between chaos actions
@@ -75,7 +77,7 @@ KEYS = 24
 RATE_PER_S = 1500
 TICK_S = 0.01
 QUIET_AFTER_S = 2.0           # load keeps running this long after the last chaos action
-TIMEOUT_S = 200 + 8 * KILLS
+TIMEOUT_S = 200 + 8 * KILLS + 5 * STOPS
 
 
 @pytest.fixture
@@ -131,7 +133,7 @@ def probe_producer(cluster) -> Producer:
     return Producer({
         "bootstrap.servers": cluster.addr,
         "broker.address.family": "v4",
-        "enable.idempotence": False,
+        "enable.idempotence": True,
         "acks": "all",
         "linger.ms": 0,
         "message.timeout.ms": 5000,
@@ -171,12 +173,14 @@ class LeaderWatch(threading.Thread):
 
 
 class Chaos(threading.Thread):
-    def __init__(self, cluster, rng: random.Random, ledger: Ledger, kills_target: int):
+    def __init__(self, cluster, rng: random.Random, ledger: Ledger, kills_target: int,
+                 stops_target: int):
         super().__init__(daemon=True, name="chaos")
         self.cluster = cluster
         self.rng = rng
         self.ledger = ledger
         self.kills_target = kills_target
+        self.stops_target = stops_target
         self.kills = 0
         self.stops = 0
         self.failovers: list[Failover] = []
@@ -191,11 +195,14 @@ class Chaos(threading.Thread):
 
     def run(self):
         try:
-            while self.kills < self.kills_target and not self.stop.is_set():
+            while ((self.kills < self.kills_target or self.stops < self.stops_target)
+                   and not self.stop.is_set()):
                 self.cluster.wait_leaders(TOPIC, PARTITIONS)
                 partition = self.rng.randrange(PARTITIONS)
                 victim, _ = self.cluster.wait_leader(TOPIC, partition)
-                if self.rng.random() < STOP_SHARE:
+                stops_due = self.stops < self.stops_target
+                kills_due = self.kills < self.kills_target
+                if stops_due and (not kills_due or self.rng.random() < STOP_SHARE):
                     self.pause(victim, partition)
                 else:
                     self.kill(victim, partition)
@@ -359,9 +366,8 @@ def test_leaders_killed_and_paused_lose_no_acknowledged_record(cluster):
     producer = Producer({
         "bootstrap.servers": cluster.addr,
         "broker.address.family": "v4",
-        "enable.idempotence": False,  # InitProducerId is not implemented
+        "enable.idempotence": True,   # sequence numbers: no duplicates, per-key order kept
         "acks": "all",
-        "max.in.flight.requests.per.connection": 1,  # a retry cannot overtake a later batch
         "message.timeout.ms": 120000,
         "request.timeout.ms": 3000,                  # give up on a paused leader, then retry
         "linger.ms": 5,
@@ -374,7 +380,7 @@ def test_leaders_killed_and_paused_lose_no_acknowledged_record(cluster):
         "partitioner": "murmur2_random",
         "logger": RDKAFKA_LOG,
     })
-    chaos = Chaos(cluster, rng, ledger, KILLS)
+    chaos = Chaos(cluster, rng, ledger, KILLS, STOPS)
     tail = Tail(cluster)
     tail.start()
     chaos.start()
@@ -452,7 +458,7 @@ def test_leaders_killed_and_paused_lose_no_acknowledged_record(cluster):
                 never_produced.append(f"p{p} o{r.offset}: {r}")
             where[(key, seq)].append((p, r.offset))
             if seq in seen_seqs[key]:
-                continue  # a duplicate from a retry: allowed, counted below
+                continue  # a duplicate: asserted below (there must be none)
             seen_seqs[key].add(seq)
             if key in first_seen and seq <= first_seen[key]:
                 retry_inversions.append(f"p{p} o{r.offset}: {key} seq {seq} first seen after seq {first_seen[key]}")
@@ -493,6 +499,7 @@ def test_leaders_killed_and_paused_lose_no_acknowledged_record(cluster):
           f"tail_errors={dict(tail.errors)}")
 
     assert chaos.kills >= KILLS, f"{tag} only {chaos.kills} kills happened"
+    assert chaos.stops >= STOPS, f"{tag} only {chaos.stops} pauses happened"
     assert len(acked) >= 20 * KILLS, f"{tag} only {len(acked)} records acknowledged: the test proved little"
     assert acked_after_last_action > 0, f"{tag} nothing was acknowledged after the last chaos action"
     assert not conflicts, f"{tag} two leaders named for one partition in one epoch: {conflicts}"
@@ -502,6 +509,14 @@ def test_leaders_killed_and_paused_lose_no_acknowledged_record(cluster):
                            f"offset, e.g. " + ", ".join(f"{ks} acked at {po}, found at {where[ks]}"
                                                        for ks, po in list(misplaced.items())[:10]))
     assert not never_produced, f"{tag} records nobody produced: {never_produced[:5]}"
+    assert not duplicated, (f"{tag} {len(duplicated)} records written more than once ({extra_copies} "
+                            f"extra copies) by an idempotent producer, e.g. "
+                            + ", ".join(f"{ks} at {pos}" for ks, pos in list(duplicated.items())[:10]))
+    assert not retry_inversions, (f"{tag} {len(retry_inversions)} records out of their key's order, e.g. "
+                                  f"{retry_inversions[:10]}")
+    fatal = {k: v for k, v in {**ledger.failed, **ledger.refused}.items() if "FATAL" in k or "SEQUENCE" in k
+             or "EPOCH" in k or "UNKNOWN_PRODUCER" in k}
+    assert not fatal, f"{tag} the idempotent producer met sequence or fatal errors: {fatal}"
     assert not order_errors, (f"{tag} {len(order_errors)} records acknowledged at an offset below a record "
                               f"acknowledged before they were sent: {order_errors[:10]}")
     assert not tail.conflicts, f"{tag} the same offset served different records: {tail.conflicts[:5]}"

@@ -1,9 +1,9 @@
 """kafka-python (pure Python client) against a single kiln broker.
 
 api_version is left to auto-detection (ApiVersions); each test prints what
-kafka-python inferred. Producers set enable_idempotence=False (kafka-python
-3.x enables it by default; InitProducerId is not implemented yet). Consumers
-have no group_id and use assign() + seek().
+kafka-python inferred. Producers keep kafka-python 3.x's default, idempotence on
+(InitProducerId, sequence numbers). Consumers have no group_id and use
+assign() + seek().
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ TIMEOUT_S = 20
 
 
 def producer(broker, **kw) -> KafkaProducer:
-    conf = dict(bootstrap_servers=broker.addr, acks="all", enable_idempotence=False,
+    conf = dict(bootstrap_servers=broker.addr, acks="all",
                 linger_ms=5, request_timeout_ms=10000, max_block_ms=10000)
     conf.update(kw)
     p = KafkaProducer(**conf)

@@ -1,7 +1,7 @@
 """librdkafka (through confluent-kafka) against a single kiln broker.
 
-Consumers use manual assignment only (no consumer groups yet) and producers
-run with enable.idempotence=False (no InitProducerId yet).
+Consumers use manual assignment only and producers run with librdkafka's
+defaults (tests/kiln_testlib.py), idempotence included where a test turns it on.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from kiln_testlib import (Delivered, assert_contiguous, create_topic, flush_all,
                           rdk_consumer, rdk_producer, read_partition, watermarks)
 
 
-def test_keyed_acks_all_same_partition_and_in_order(broker):
+@pytest.mark.parametrize("idempotence", [False, True], ids=["plain", "idempotent"])
+def test_keyed_acks_all_same_partition_and_in_order(broker, idempotence):
     topic, partitions, keys, per_key = "keyed", 4, 20, 10
     create_topic(broker, topic, partitions)
-    p = rdk_producer(broker, acks="all")
+    p = rdk_producer(broker, acks="all", **{"enable.idempotence": idempotence})
     d = Delivered()
     for seq in range(per_key):
         for k in range(keys):

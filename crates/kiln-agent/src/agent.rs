@@ -171,8 +171,9 @@ pub async fn run_agent(
     pc.set("bootstrap.servers", &config.bootstrap)
         .set("client.id", format!("kiln-agent-{}", config.agent_id))
         .set("acks", "all")
-        .set("enable.idempotence", "false")
-        .set("max.in.flight.requests.per.connection", "1")
+        // Retries and dead letters written once and in order, across failovers too.
+        .set("enable.idempotence", "true")
+        .set("max.in.flight.requests.per.connection", "5")
         .set("partitioner", "murmur2_random")
         .set("linger.ms", "5")
         .set("message.timeout.ms", config.step_timeout_ms.to_string());

@@ -28,6 +28,8 @@ pub fn partition_error_code(error: &PartitionError) -> ResponseError {
         PartitionError::NotLeader { .. } => ResponseError::NotLeaderOrFollower,
         PartitionError::InvalidBatch(e) => log_error_code(e),
         PartitionError::OffsetOutOfRange { .. } => ResponseError::OffsetOutOfRange,
+        PartitionError::OutOfOrderSequence { .. } => ResponseError::OutOfOrderSequenceNumber,
+        PartitionError::InvalidProducerEpoch { .. } => ResponseError::InvalidProducerEpoch,
         PartitionError::Stopped(_) | PartitionError::Storage(_) => ResponseError::KafkaStorageError,
     }
 }

@@ -8,7 +8,9 @@ mod groups_common;
 
 use std::time::{Duration, Instant};
 
-use groups_common::{batch, topic_name, TestBroker, T};
+use groups_common::{
+    batch, idempotent_batch, init_producer_id, produce_batch, topic_name, TestBroker, T,
+};
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
@@ -470,5 +472,68 @@ async fn a_restarted_broker_reports_its_clusters_id_from_its_first_answer() {
     assert_eq!(
         metadata_cluster_id(&mut conn).await.as_deref(),
         Some(named.as_str())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idempotent_producers_retry_after_a_failover_is_written_once() {
+    let mut c = Cluster::start().await;
+    let controller = c.controller().await;
+    let mut admin = c.by_id(controller).connect().await;
+    let topic = topic_name("idem");
+    assert_eq!(create(&mut admin, &topic, 1).await, 0);
+    // Every broker gives producer ids (the others through the controller), never one twice.
+    let mut ids = Vec::new();
+    for id in [1, 2, 3] {
+        let mut conn = c.by_id(id).connect().await;
+        for _ in 0..2 {
+            let (code, pid, epoch) = init_producer_id(&mut conn).await;
+            assert_eq!((code, epoch), (0, 0), "broker {id}");
+            ids.push(pid);
+        }
+    }
+    let mut unique = ids.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), ids.len(), "producer ids given twice: {ids:?}");
+    let pid = ids[0];
+
+    let leader = c.leader(&topic, 0).await;
+    let mut conn = c.by_id(leader).connect().await;
+    for seq in [0, 3] {
+        let (code, _) = produce_batch(&mut conn, &topic, 0, idempotent_batch(pid, 0, seq, 3)).await;
+        assert_eq!(code, 0);
+    }
+    let last = idempotent_batch(pid, 0, 6, 3);
+    assert_eq!(
+        produce_batch(&mut conn, &topic, 0, last.clone()).await,
+        (0, 6)
+    );
+    c.until("every replica to hold 9 records", |c| {
+        c.live()
+            .all(|b| {
+                let t = b.broker.cluster.topic(&topic);
+                t.and_then(|t| b.broker.cluster.partition(&t, 0))
+                    .is_some_and(|r| r.partition.high_watermark() == 9)
+            })
+            .then_some(())
+    })
+    .await;
+    drop(conn);
+
+    // The leader goes; the producer, not knowing its last batch was acknowledged, sends it
+    // again to the new leader: answered with its offsets, not written twice.
+    c.stop(leader).await;
+    let new_leader = c.leader_other_than(&topic, 0, leader).await;
+    let mut conn = c.by_id(new_leader).connect().await;
+    assert_eq!(produce_batch(&mut conn, &topic, 0, last).await, (0, 6));
+    assert_eq!(
+        produce_batch(&mut conn, &topic, 0, idempotent_batch(pid, 0, 9, 1)).await,
+        (0, 9)
+    );
+    let (_, hw, _) = fetch(&mut conn, &topic, 0).await;
+    assert_eq!(
+        hw, 10,
+        "nine records before the failover, one after, nothing twice"
     );
 }

@@ -101,6 +101,13 @@ fn request(api: ApiKey, version: i16, topic: &str) -> RequestKind {
                         .with_partition_index(0)
                         .with_timestamp(500)])]),
         ),
+        ApiKey::InitProducerId => RequestKind::InitProducerId(
+            InitProducerIdRequest::default()
+                .with_transactional_id(None)
+                .with_transaction_timeout_ms(60_000)
+                .with_producer_id(ProducerId(-1))
+                .with_producer_epoch(-1),
+        ),
         other => panic!("no sample request for {other:?}"),
     }
 }
@@ -157,6 +164,7 @@ async fn every_supported_version_is_answered() {
                         && p.high_watermark > 0
                         && p.records.as_ref().is_some_and(|b| !b.is_empty())
                 }
+                ResponseKind::InitProducerId(r) => r.error_code == 0 && r.producer_id.0 >= 0,
                 ResponseKind::ListOffsets(r) => {
                     let p = &r.topics[0].partitions[0];
                     p.error_code == 0 && p.offset == 0

@@ -54,6 +54,36 @@ const PRODUCER_EPOCH_AT: usize = 51;
 const BASE_SEQUENCE_AT: usize = 53;
 const RECORD_COUNT_AT: usize = 57;
 
+/// The fields of an idempotent producer's batch that its producer state keeps (kiln-raft's
+/// `producers`): which producer, which epoch, which sequence numbers, at which offsets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProducerBatch {
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    pub base_sequence: i32,
+    pub last_offset_delta: i32,
+    /// The batch's first Kafka offset.
+    pub base_offset: i64,
+    pub max_timestamp: i64,
+}
+
+impl ProducerBatch {
+    /// The sequence number of the batch's last record (sequences wrap at `i32::MAX` to 0, as
+    /// in Kafka).
+    pub fn last_sequence(&self) -> i32 {
+        let last = i64::from(self.base_sequence) + i64::from(self.last_offset_delta);
+        if last > i64::from(i32::MAX) {
+            (last - i64::from(i32::MAX) - 1) as i32
+        } else {
+            last as i32
+        }
+    }
+
+    pub fn last_offset(&self) -> i64 {
+        self.base_offset + i64::from(self.last_offset_delta)
+    }
+}
+
 /// The fixed header of one RecordBatch v2.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchHeader {
@@ -194,6 +224,22 @@ impl BatchHeader {
     /// Offset that follows this batch.
     pub fn next_offset(&self) -> i64 {
         self.last_offset().saturating_add(1)
+    }
+
+    /// What an idempotent producer's batch says about itself (`None`: no producer id).
+    /// `base_offset` must be the batch's Kafka offset (a logical header, not a stored one).
+    pub fn producer_batch(&self) -> Option<ProducerBatch> {
+        if self.producer_id < 0 || self.is_control() {
+            return None;
+        }
+        Some(ProducerBatch {
+            producer_id: self.producer_id,
+            producer_epoch: self.producer_epoch,
+            base_sequence: self.base_sequence,
+            last_offset_delta: self.last_offset_delta,
+            base_offset: self.base_offset,
+            max_timestamp: self.max_timestamp,
+        })
     }
 
     /// A control batch: a Raft-only entry in the log, never a client's records.

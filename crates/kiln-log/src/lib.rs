@@ -24,7 +24,7 @@ mod segment;
 pub mod sim_fs;
 pub mod stats;
 
-pub use batch::{BatchHeader, ControlKind, BATCH_HEADER_LEN};
+pub use batch::{BatchHeader, ControlKind, ProducerBatch, BATCH_HEADER_LEN};
 pub use config::LogConfig;
 pub use error::LogError;
 pub use log::{

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 
-use crate::batch::{self, BatchHeader, ControlKind, ENTRY_END, TERM_MAX};
+use crate::batch::{self, BatchHeader, ControlKind, ProducerBatch, ENTRY_END, TERM_MAX};
 use crate::fs::Fs;
 use crate::header::{Mark, Slot, HEADER_LEN};
 use crate::points::PointBuilder;
@@ -63,8 +63,9 @@ pub struct NewEntry<'a> {
 pub enum ReadMode {
     /// Everything, CRC checked.
     Full,
-    /// Data entries as their record count only (no bytes read past batch headers); control
-    /// entries whole. For a state machine that only counts records.
+    /// Data entries as their record count and their idempotent producers' batch headers only
+    /// (record bytes neither checked nor copied); control entries whole. For a state machine
+    /// that only counts records and follows producers.
     Summary,
 }
 
@@ -86,9 +87,11 @@ pub enum StoredBody {
         batches: Bytes,
         record_count: u32,
     },
-    /// [`ReadMode::Summary`] of a data entry.
+    /// [`ReadMode::Summary`] of a data entry: its record count, and the batches that carry a
+    /// producer id, in order.
     Summary {
         record_count: u32,
+        producers: Vec<ProducerBatch>,
     },
     Control {
         kind: ControlKind,
@@ -100,7 +103,7 @@ impl StoredEntry {
     /// The Kafka offsets this entry's records take.
     pub fn kafka_records(&self) -> u32 {
         match &self.body {
-            StoredBody::Records { record_count, .. } | StoredBody::Summary { record_count } => {
+            StoredBody::Records { record_count, .. } | StoredBody::Summary { record_count, .. } => {
                 *record_count
             }
             StoredBody::Control { .. } => 0,
@@ -1296,6 +1299,7 @@ fn read_one_entry(
     mode: ReadMode,
 ) -> Result<StoredEntry, LogError> {
     let mut batches = BytesMut::new();
+    let mut producers = Vec::new();
     let mut records: u32 = 0;
     let mut first: Option<BatchHeader> = None;
     let mut index = 0;
@@ -1333,8 +1337,9 @@ fn read_one_entry(
             }
         }
         records = records.saturating_add(u32::try_from(h.record_count).unwrap_or(0));
-        if mode == ReadMode::Full {
-            batches.extend_from_slice(&w.batch_bytes(&b)?);
+        match mode {
+            ReadMode::Full => batches.extend_from_slice(&w.batch_bytes(&b)?),
+            ReadMode::Summary => producers.extend(h.producer_batch()),
         }
         if h.ends_entry() {
             break;
@@ -1350,6 +1355,7 @@ fn read_one_entry(
         },
         ReadMode::Summary => StoredBody::Summary {
             record_count: records,
+            producers,
         },
     };
     Ok(StoredEntry {

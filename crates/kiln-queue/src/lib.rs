@@ -4,12 +4,11 @@
 //!
 //! Producer settings and why:
 //! - `acks=all`: a node is registered only once the broker has it durably.
-//! - `enable.idempotence=false`: Kiln's broker does not implement InitProducerId yet. Without
-//!   idempotence a retried batch can be written twice; the consumers tolerate that because
-//!   every message carries (hostname, cycle, attempt) and the store keeps that unique.
-//! - `max.in.flight.requests.per.connection=1`: without idempotence, more than one request in
-//!   flight lets a retry overtake a later batch; one in flight keeps each rack's nodes in
-//!   manifest order in their partition.
+//! - `enable.idempotence=true`: a batch librdkafka retries (a lost answer, a leader failover)
+//!   is recognised by its producer id and sequence numbers and written once, and a retry never
+//!   overtakes a later batch, so each rack's nodes stay in manifest order in their partition
+//!   with up to five requests in flight. (The consumers also tolerate a duplicate: every
+//!   message carries (hostname, cycle, attempt) and the store keeps that unique.)
 //! - `partitioner=murmur2_random`: the Java client's partitioner, so a rack's key maps to the
 //!   same partition whichever Kafka client produces it (librdkafka's default is CRC32-based).
 
@@ -177,8 +176,8 @@ impl NodeProducer {
         cc.set("bootstrap.servers", &config.bootstrap)
             .set("client.id", &config.client_id)
             .set("acks", "all")
-            .set("enable.idempotence", "false")
-            .set("max.in.flight.requests.per.connection", "1")
+            .set("enable.idempotence", "true")
+            .set("max.in.flight.requests.per.connection", "5")
             .set("partitioner", "murmur2_random")
             .set("linger.ms", "5")
             .set("queue.buffering.max.messages", "200000")

@@ -16,6 +16,7 @@
 //!   has fsynced), read below the high watermark, leader epoch, retention's command.
 //! * [`proposer`]: [`Proposer`], the leader's ordered, coalescing append queue.
 //! * [`payload`]: what an entry carries (records, or a command).
+//! * [`producers`]: idempotent producers' state per data partition (sequences, epochs).
 //! * [`bootstrap`]: writing a single-replica group offline (taking in an older layout).
 //! * [`net`]: Raft RPCs between brokers over TCP: one listener per broker shared by every
 //!   group, a length-prefixed, CRC-checked binary frame per RPC.
@@ -32,6 +33,7 @@ pub mod log_store;
 pub mod net;
 pub mod partition;
 pub mod payload;
+pub mod producers;
 pub mod proposer;
 mod record;
 pub mod rng;

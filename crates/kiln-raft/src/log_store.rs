@@ -197,9 +197,13 @@ fn to_entry(e: StoredEntry) -> Result<Entry, String> {
             record_count,
             kafka_offset: Some(e.kafka_offset),
         }),
-        StoredBody::Summary { record_count } => EntryPayload::Normal(Payload::Summary {
+        StoredBody::Summary {
+            record_count,
+            producers,
+        } => EntryPayload::Normal(Payload::Summary {
             record_count,
             kafka_offset: e.kafka_offset,
+            producers,
         }),
         StoredBody::Control { kind, payload } => match kind {
             ControlKind::Blank => EntryPayload::Blank,
@@ -362,6 +366,14 @@ impl LogStore {
         if start >= end {
             return Ok(Vec::new());
         }
+        // Purged (by a snapshot) since the caller looked: openraft allows entries that are not
+        // found. Nothing is returned rather than the part still held, so a replication stream
+        // never sends entries that do not follow its previous log id; the leader sends its
+        // snapshot instead. (Seen in the simulation: a deposed leader's stream reading below a
+        // snapshot it had just installed, which stopped its Raft node for good.)
+        if start < self.shared.log.first().0 {
+            return Ok(Vec::new());
+        }
         if let Some(cached) = lock(&self.shared.cache).get(start, end) {
             if self.mode == ReadMode::Summary {
                 return Ok(cached.into_iter().map(summarize).collect());
@@ -411,12 +423,13 @@ fn summarize(e: Entry) -> Entry {
         EntryPayload::Normal(Payload::Records {
             record_count,
             kafka_offset: Some(kafka_offset),
-            ..
+            batches,
         }) => Entry {
             log_id: e.log_id,
             payload: EntryPayload::Normal(Payload::Summary {
                 record_count,
                 kafka_offset,
+                producers: Payload::producer_batches(&batches, kafka_offset),
             }),
         },
         other => Entry {

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use bytes::Bytes;
 use kiln_log::fs::Fs;
 use kiln_log::{LogConfig, ReadResult, SegmentInfo, TimestampLookup};
-use openraft::error::{ClientWriteError, InitializeError, RaftError};
+use openraft::error::{InitializeError, RaftError};
 use openraft::{Config, RaftNetworkFactory, ServerState, SnapshotPolicy};
 
 use crate::guard::{GuardedNetwork, ReplicaHealth};
 use crate::log_store::{LogRecovery, LogStore};
-use crate::payload::{Command, Payload};
+use crate::payload::Command;
 use crate::proposer::Proposer;
 use crate::state_machine::{core_read_mode, GroupKind, StateMachine};
 use crate::types::{KilnRaft, NodeId, Raft};
@@ -46,6 +46,22 @@ pub enum PartitionError {
         log_start: i64,
         log_end: i64,
     },
+    /// An idempotent producer's batch does not follow its last one (Kafka:
+    /// OUT_OF_ORDER_SEQUENCE_NUMBER). `expected` is -1 when no single sequence would do.
+    #[error("producer {producer_id}: sequence {got} where {expected} was expected")]
+    OutOfOrderSequence {
+        producer_id: i64,
+        expected: i32,
+        got: i32,
+    },
+    /// An idempotent producer's batch of an older epoch than its last (Kafka:
+    /// INVALID_PRODUCER_EPOCH): a fenced instance.
+    #[error("producer {producer_id}: epoch {got} is older than its epoch {current}")]
+    InvalidProducerEpoch {
+        producer_id: i64,
+        current: i16,
+        got: i16,
+    },
 }
 
 impl PartitionError {
@@ -61,6 +77,24 @@ impl PartitionError {
                 offset: *offset,
                 log_start: *log_start,
                 log_end: *log_end,
+            },
+            PartitionError::OutOfOrderSequence {
+                producer_id,
+                expected,
+                got,
+            } => PartitionError::OutOfOrderSequence {
+                producer_id: *producer_id,
+                expected: *expected,
+                got: *got,
+            },
+            PartitionError::InvalidProducerEpoch {
+                producer_id,
+                current,
+                got,
+            } => PartitionError::InvalidProducerEpoch {
+                producer_id: *producer_id,
+                current: *current,
+                got: *got,
             },
             other => PartitionError::Stopped(other.to_string()),
         }
@@ -211,7 +245,7 @@ impl ReplicatedPartition {
             pause_max,
         ));
         tokio::spawn(take_snapshots(raft.clone(), state.clone()));
-        let proposer = Proposer::start(raft.clone(), opts.max_entry_bytes);
+        let proposer = Proposer::start(raft.clone(), state.clone(), opts.max_entry_bytes);
         Ok((
             ReplicatedPartition {
                 id: opts.id,
@@ -275,34 +309,20 @@ impl ReplicatedPartition {
     /// Appends one or more concatenated RecordBatch v2 (as a producer sends them) through Raft.
     /// Validated first (kiln-log's checks: lengths, magic, CRC32C); returns once the entry is
     /// committed, that is fsynced on a majority, with the offsets it took.
+    /// Through the proposer, the one write path (offsets and producers are counted there).
     pub async fn append(&self, batches: Bytes) -> Result<AppendAck, PartitionError> {
-        kiln_log::batch::validate_batches(&batches)?;
-        let records = kiln_log::batch::count_records(&batches)?;
-        self.write(Payload::records(batches, records)).await
+        self.proposer
+            .submit(batches)
+            .await
+            .map_err(|_| PartitionError::Stopped("the partition's proposer stopped".into()))?
     }
 
-    /// Proposes a command (a control entry every replica applies).
+    /// Proposes a command (a control entry every replica applies), through the proposer.
     pub async fn propose(&self, command: Command) -> Result<AppendAck, PartitionError> {
-        self.write(Payload::Command(command)).await
-    }
-
-    async fn write(&self, payload: Payload) -> Result<AppendAck, PartitionError> {
-        match self.raft.client_write(payload).await {
-            Ok(resp) => {
-                let applied = resp.data;
-                Ok(AppendAck {
-                    base_offset: applied.base_offset,
-                    last_offset: applied.base_offset + i64::from(applied.record_count) - 1,
-                    leader_epoch: applied.leader_epoch,
-                })
-            }
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(PartitionError::NotLeader {
-                    leader: f.leader_id,
-                })
-            }
-            Err(e) => Err(PartitionError::Stopped(e.to_string())),
-        }
+        self.proposer
+            .submit_command(command)
+            .await
+            .map_err(|_| PartitionError::Stopped("the partition's proposer stopped".into()))?
     }
 
     /// Offset below which records are committed: consumers never read at or past it.

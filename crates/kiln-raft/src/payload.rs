@@ -5,6 +5,7 @@
 //! openraft's own blank and membership entries are control batches too.
 
 use bytes::Bytes;
+use kiln_log::ProducerBatch;
 
 use crate::record::Reader;
 
@@ -20,10 +21,13 @@ pub enum Payload {
         kafka_offset: Option<i64>,
     },
     /// A data entry without its bytes: what the Raft core of a data partition reads back to
-    /// apply (it only counts records), so applying never reads record bytes from disk.
+    /// apply (it counts records and follows idempotent producers), so applying never reads
+    /// record bytes from disk. `producers`: the batches with a producer id, in order, with
+    /// their Kafka offsets.
     Summary {
         record_count: u32,
         kafka_offset: i64,
+        producers: Vec<ProducerBatch>,
     },
     /// A request every replica applies at this point of the log.
     Command(Command),
@@ -87,6 +91,26 @@ impl Payload {
     }
 
     /// The Kafka offsets the entry takes.
+    /// The batches with a producer id of an entry's records at Kafka offset `kafka_offset`,
+    /// each with its own offset (stored batches carry a check in their base offset field, so
+    /// offsets are counted from the entry's instead).
+    pub fn producer_batches(batches: &Bytes, kafka_offset: i64) -> Vec<ProducerBatch> {
+        let mut out = Vec::new();
+        let mut offset = kafka_offset;
+        for b in kiln_log::batch::batches(batches) {
+            let Ok(b) = b else {
+                // Validated before it was written or when it was read: cannot happen.
+                debug_assert!(false, "an entry's batches do not parse");
+                break;
+            };
+            let mut h = b.header;
+            h.base_offset = offset;
+            out.extend(h.producer_batch());
+            offset += i64::from(h.record_count.max(0));
+        }
+        out
+    }
+
     pub fn record_count(&self) -> u32 {
         match self {
             Payload::Records { record_count, .. } | Payload::Summary { record_count, .. } => {

@@ -10,20 +10,40 @@
 //! joined into one Raft entry (up to `max_entry_bytes`), so one round of AppendEntries and one
 //! fsync per replica covers many producer requests. Each append still gets its own offsets:
 //! the entry's base offset plus the records of the appends before it in the entry.
+//!
+//! And it is where idempotent producers are checked (`producers.rs`): it keeps the producer
+//! table as of its log end and the next Kafka offset, so a retried batch is recognised (and
+//! answered with its first write's offsets once that is committed) even while the first write
+//! is still in flight. Both are rebuilt from the state machine whenever they may be wrong: at
+//! the start of each term (once nothing of its own is in flight and everything before the term
+//! is applied) and after any write whose fate is unknown. The offsets it expects are checked
+//! against the ones the commit gives (a pair assertion); a disagreement is logged and forces a
+//! rebuild.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use kiln_log::ProducerBatch;
 use openraft::error::ClientWriteError;
-use std::sync::Arc;
-
+use openraft::ServerState;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::partition::{AppendAck, PartitionError};
 use crate::payload::{Command, Payload};
+use crate::producers::{ProducerTable, Verdict};
+use crate::state_machine::StateMachine;
 use crate::types::Raft;
 
 /// Entries proposed and not yet committed, per partition. Two keep the leader's log busy
 /// (one being fsynced and replicated, the next one waiting) while the rest queue up here.
 const ENTRIES_IN_FLIGHT: usize = 4;
+/// Longest wait, when a term starts, for everything before it to be applied.
+const TERM_START_WAIT: Duration = Duration::from_secs(5);
+/// Longest wait for a retried batch's first write to be committed.
+const DUPLICATE_WAIT: Duration = Duration::from_secs(30);
 
 /// What a submitted append resolves to.
 pub type AppendReceiver = oneshot::Receiver<Result<AppendAck, PartitionError>>;
@@ -32,6 +52,8 @@ struct Proposal {
     /// Records to join with their neighbours, or a command that goes alone.
     what: What,
     reply: oneshot::Sender<Result<AppendAck, PartitionError>>,
+    /// The Kafka offset its first record will take, as the proposer counts (pair-checked).
+    expected_base: Option<i64>,
 }
 
 enum What {
@@ -67,9 +89,19 @@ pub struct Proposer {
 impl Proposer {
     /// Starts the proposing task for the Raft node `raft` (on the current tokio runtime). The
     /// task holds only the Raft handle, so a partition can own its proposer.
-    pub fn start(raft: Raft, max_entry_bytes: usize) -> Proposer {
+    /// `state`: the partition's state machine (its producer table and high watermark).
+    pub fn start(raft: Raft, state: StateMachine, max_entry_bytes: usize) -> Proposer {
         let (queue, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(raft, rx, max_entry_bytes.max(1)));
+        let run = Run {
+            raft,
+            state,
+            rx,
+            max_entry_bytes: max_entry_bytes.max(1),
+            slots: Arc::new(Semaphore::new(ENTRIES_IN_FLIGHT)),
+            leading: None,
+            stale: Arc::new(AtomicBool::new(false)),
+        };
+        tokio::spawn(run.run());
         Proposer { queue }
     }
 
@@ -87,6 +119,7 @@ impl Proposer {
             Ok(records) => self.enqueue(Proposal {
                 what: What::Records { batches, records },
                 reply,
+                expected_base: None,
             }),
         }
         rx
@@ -98,6 +131,7 @@ impl Proposer {
         self.enqueue(Proposal {
             what: What::Command(command),
             reply,
+            expected_base: None,
         });
         rx
     }
@@ -111,41 +145,226 @@ impl Proposer {
     }
 }
 
-async fn run(raft: Raft, mut rx: mpsc::UnboundedReceiver<Proposal>, max_entry_bytes: usize) {
-    let slots = Arc::new(Semaphore::new(ENTRIES_IN_FLIGHT));
-    let mut held: Option<Proposal> = None;
-    loop {
-        let first = match held.take() {
-            Some(p) => p,
-            None => match rx.recv().await {
+/// What the proposer knows while it leads a term (see the module docs).
+struct Leading {
+    term: u64,
+    /// The producer table as of the log end (everything proposed in this term included).
+    table: ProducerTable,
+    /// The Kafka offset the next record proposed will take.
+    next_offset: i64,
+}
+
+struct Run {
+    raft: Raft,
+    state: StateMachine,
+    rx: mpsc::UnboundedReceiver<Proposal>,
+    max_entry_bytes: usize,
+    slots: Arc<Semaphore>,
+    leading: Option<Leading>,
+    /// Set when a write's fate is unknown or its offsets disagreed: rebuild before the next.
+    stale: Arc<AtomicBool>,
+}
+
+/// What to do with one proposal.
+enum Prepared {
+    Write(Proposal),
+    /// Answered (a duplicate, a refused batch, not the leader).
+    Answered,
+}
+
+impl Run {
+    async fn run(mut self) {
+        let mut held: Option<Proposal> = None;
+        loop {
+            let first = match held.take() {
                 Some(p) => p,
-                None => return,
-            },
-        };
-        // openraft 0.9 appends and fsyncs one client write at a time. Proposing every request
-        // at once would give each its own entry and its own fsync; waiting for a free slot
-        // lets the requests that arrive meanwhile join the next entry (group commit).
-        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
-            return;
-        };
-        let mut size = first.len();
-        let is_command = matches!(first.what, What::Command(_));
-        let mut group = vec![first];
-        // Join what is already queued, in order, up to the entry size bound; a command goes
-        // in an entry of its own.
-        while size < max_entry_bytes && !is_command {
-            match rx.try_recv() {
-                Ok(next) if matches!(next.what, What::Command(_)) => {
-                    held = Some(next);
-                    break;
+                None => match self.rx.recv().await {
+                    Some(p) => p,
+                    None => return,
+                },
+            };
+            // openraft 0.9 appends and fsyncs one client write at a time. Proposing every
+            // request at once would give each its own entry and its own fsync; waiting for a
+            // free slot lets the requests that arrive meanwhile join the next entry (group
+            // commit).
+            let Ok(slot) = Arc::clone(&self.slots).acquire_owned().await else {
+                return;
+            };
+            if let Err(e) = self.ensure_leading().await {
+                let _ = first.reply.send(Err(e));
+                self.refuse_queued();
+                continue;
+            }
+            let first = match self.prepare(first) {
+                Prepared::Write(p) => p,
+                Prepared::Answered => continue,
+            };
+            let mut size = first.len();
+            let is_command = matches!(first.what, What::Command(_));
+            let mut group = vec![first];
+            // Join what is already queued, in order, up to the entry size bound; a command goes
+            // in an entry of its own.
+            while size < self.max_entry_bytes && !is_command {
+                match self.rx.try_recv() {
+                    Ok(next) if matches!(next.what, What::Command(_)) => {
+                        held = Some(next);
+                        break;
+                    }
+                    Ok(next) => {
+                        if let Prepared::Write(next) = self.prepare(next) {
+                            size += next.len();
+                            group.push(next);
+                        }
+                    }
+                    Err(_) => break,
                 }
-                Ok(next) => {
-                    size += next.len();
-                    group.push(next);
+            }
+            self.write(group, size, slot).await;
+        }
+    }
+
+    /// Makes sure this replica leads and `leading` is right for its term (see the module docs).
+    async fn ensure_leading(&mut self) -> Result<(), PartitionError> {
+        let (leader, term, state) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            (m.current_leader, m.current_term, m.state)
+        };
+        if state != ServerState::Leader {
+            self.leading = None;
+            return Err(PartitionError::NotLeader { leader });
+        }
+        let stale = self.stale.swap(false, Ordering::AcqRel);
+        if !stale && self.leading.as_ref().is_some_and(|l| l.term == term) {
+            return Ok(());
+        }
+        self.leading = None;
+        // Nothing of this proposer's may be in flight (this call holds one slot).
+        let others = u32::try_from(ENTRIES_IN_FLIGHT - 1).unwrap_or(u32::MAX);
+        let Ok(all) = self.slots.acquire_many(others).await else {
+            return Err(PartitionError::Stopped("the proposer stopped".into()));
+        };
+        let caught_up =
+            tokio::time::timeout(TERM_START_WAIT, self.raft.ensure_linearizable()).await;
+        drop(all);
+        match caught_up {
+            Ok(Ok(_)) => {
+                let (table, next_offset) = self.state.producers();
+                self.leading = Some(Leading {
+                    term,
+                    table,
+                    next_offset,
+                });
+                Ok(())
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "not the leader after all");
+                Err(PartitionError::NotLeader { leader: None })
+            }
+            Err(_) => Err(PartitionError::NotLeader { leader: None }),
+        }
+    }
+
+    /// Answers every proposal already queued with NotLeader (they would fail the same way).
+    fn refuse_queued(&mut self) {
+        while let Ok(p) = self.rx.try_recv() {
+            let leader = self.raft.metrics().borrow().current_leader;
+            let _ = p.reply.send(Err(PartitionError::NotLeader { leader }));
+        }
+    }
+
+    /// Checks a proposal's producer batches and assigns its offsets (see the module docs).
+    fn prepare(&mut self, mut p: Proposal) -> Prepared {
+        let Some(leading) = self.leading.as_mut() else {
+            let _ = p
+                .reply
+                .send(Err(PartitionError::NotLeader { leader: None }));
+            return Prepared::Answered;
+        };
+        let What::Records { batches, records } = &p.what else {
+            return Prepared::Write(p);
+        };
+        let base = leading.next_offset;
+        let mut offset = base;
+        let mut producer_batches: Vec<ProducerBatch> = Vec::new();
+        for b in kiln_log::batch::batches(batches) {
+            let Ok(b) = b else {
+                // Validated at submit: cannot happen.
+                debug_assert!(false, "a submitted batch does not parse");
+                break;
+            };
+            let mut h = b.header;
+            h.base_offset = offset;
+            producer_batches.extend(h.producer_batch());
+            offset += i64::from(h.record_count.max(0));
+        }
+        debug_assert_eq!(offset - base, i64::from(*records));
+        if !producer_batches.is_empty() {
+            match check_all(&leading.table, &producer_batches) {
+                Ok(None) => {
+                    for b in producer_batches {
+                        leading.table.apply(b);
+                    }
                 }
-                Err(_) => break,
+                Ok(Some((base_offset, last_offset))) => {
+                    let term = leading.term;
+                    self.answer_duplicate(p, base_offset, last_offset, term);
+                    return Prepared::Answered;
+                }
+                Err(e) => {
+                    let _ = p.reply.send(Err(e));
+                    return Prepared::Answered;
+                }
             }
         }
+        leading.next_offset = offset;
+        p.expected_base = Some(base);
+        Prepared::Write(p)
+    }
+
+    /// A retry of a batch already written in this term or before: answered with its offsets
+    /// once they are committed, as long as this replica still leads the same term (then the
+    /// entry is the one it wrote, not another leader's at the same offsets).
+    fn answer_duplicate(&self, p: Proposal, base_offset: i64, last_offset: i64, term: u64) {
+        let mut high_watermark = self.state.subscribe_high_watermark();
+        let mut metrics = self.raft.metrics();
+        tokio::spawn(async move {
+            let wait = async {
+                loop {
+                    let (state, now_term) = {
+                        let m = metrics.borrow_and_update();
+                        (m.state, m.current_term)
+                    };
+                    if state != ServerState::Leader || now_term != term {
+                        return false;
+                    }
+                    if *high_watermark.borrow_and_update() > last_offset {
+                        return true;
+                    }
+                    tokio::select! {
+                        changed = high_watermark.changed() => if changed.is_err() { return false },
+                        changed = metrics.changed() => if changed.is_err() { return false },
+                    }
+                }
+            };
+            let answer = match tokio::time::timeout(DUPLICATE_WAIT, wait).await {
+                Ok(true) => Ok(AppendAck {
+                    base_offset,
+                    last_offset,
+                    leader_epoch: term,
+                }),
+                _ => Err(PartitionError::NotLeader { leader: None }),
+            };
+            let _ = p.reply.send(answer);
+        });
+    }
+
+    async fn write(
+        &mut self,
+        group: Vec<Proposal>,
+        size: usize,
+        slot: tokio::sync::OwnedSemaphorePermit,
+    ) {
         let payload = match &group[0].what {
             What::Command(c) => Payload::Command(*c),
             What::Records { batches, .. } if group.len() == 1 => {
@@ -169,9 +388,11 @@ async fn run(raft: Raft, mut rx: mpsc::UnboundedReceiver<Proposal>, max_entry_by
         };
         // `client_write_ff` hands the entry to Raft before it returns, so entries enter the
         // log in the order of this loop; only the wait for the commit runs concurrently.
-        match raft.client_write_ff(payload).await {
+        let stale = self.stale.clone();
+        match self.raft.client_write_ff(payload).await {
             Err(fatal) => {
                 drop(slot);
+                stale.store(true, Ordering::Release);
                 let reason = fatal.to_string();
                 for p in group {
                     let _ = p.reply.send(Err(PartitionError::Stopped(reason.clone())));
@@ -193,6 +414,11 @@ async fn run(raft: Raft, mut rx: mpsc::UnboundedReceiver<Proposal>, max_entry_by
                         // entry's fate was known. It may still commit under the next leader.
                         Err(_) => Err(PartitionError::NotLeader { leader: None }),
                     };
+                    if outcome.is_err() {
+                        // Whether the entry commits is unknown: the producer table may hold
+                        // batches that never will.
+                        stale.store(true, Ordering::Release);
+                    }
                     let mut base = match &outcome {
                         Ok(applied) => applied.base_offset,
                         Err(_) => 0,
@@ -200,6 +426,11 @@ async fn run(raft: Raft, mut rx: mpsc::UnboundedReceiver<Proposal>, max_entry_by
                     for p in group {
                         let answer = match &outcome {
                             Ok(applied) => {
+                                if let Some(expected) = p.expected_base.filter(|&e| e != base) {
+                                    tracing::error!(expected, committed = base, "the proposer's offsets disagree with the committed ones; rebuilding its producer table");
+                                    debug_assert_eq!(expected, base, "proposer offsets");
+                                    stale.store(true, Ordering::Release);
+                                }
                                 let ack = AppendAck {
                                     base_offset: base,
                                     last_offset: base + i64::from(p.records()) - 1,
@@ -216,4 +447,51 @@ async fn run(raft: Raft, mut rx: mpsc::UnboundedReceiver<Proposal>, max_entry_by
             }
         }
     }
+}
+
+/// The verdict on a proposal's producer batches, in order, against `table` and each other:
+/// `Ok(None)` to append them all; `Ok(Some((base, last)))` when they are all retries (answer
+/// with those offsets); an error for a batch out of sequence or of a fenced epoch, or retries
+/// mixed with new batches (a well-behaved producer never sends that).
+fn check_all(
+    table: &ProducerTable,
+    batches: &[ProducerBatch],
+) -> Result<Option<(i64, i64)>, PartitionError> {
+    let ids: BTreeSet<i64> = batches.iter().map(|b| b.producer_id).collect();
+    let mut staged = table.subset(&ids);
+    let mut duplicate: Option<(i64, i64)> = None;
+    for (i, b) in batches.iter().enumerate() {
+        match staged.check(b) {
+            Verdict::Append if duplicate.is_none() => staged.apply(*b),
+            Verdict::Duplicate {
+                base_offset,
+                last_offset,
+            } if i == 0 || duplicate.is_some() => {
+                let base = duplicate.map_or(base_offset, |(first, _)| first);
+                duplicate = Some((base, last_offset));
+            }
+            Verdict::Append | Verdict::Duplicate { .. } => {
+                return Err(PartitionError::OutOfOrderSequence {
+                    producer_id: b.producer_id,
+                    expected: -1,
+                    got: b.base_sequence,
+                })
+            }
+            Verdict::OutOfOrder { expected, got } => {
+                return Err(PartitionError::OutOfOrderSequence {
+                    producer_id: b.producer_id,
+                    expected,
+                    got,
+                })
+            }
+            Verdict::InvalidEpoch { current, got } => {
+                return Err(PartitionError::InvalidProducerEpoch {
+                    producer_id: b.producer_id,
+                    current,
+                    got,
+                })
+            }
+        }
+    }
+    Ok(duplicate)
 }

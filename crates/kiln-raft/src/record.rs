@@ -59,6 +59,12 @@ impl<'a> Reader<'a> {
     pub(crate) fn u8(&mut self) -> Option<u8> {
         Some(*self.take(1)?.first()?)
     }
+    pub(crate) fn i32(&mut self) -> Option<i32> {
+        Some(i32::from_be_bytes(self.take(4)?.try_into().ok()?))
+    }
+    pub(crate) fn i16(&mut self) -> Option<i16> {
+        Some(i16::from_be_bytes(self.take(2)?.try_into().ok()?))
+    }
     pub(crate) fn rest(&mut self) -> &'a [u8] {
         let out = self.buf.get(self.at..).unwrap_or(&[]);
         self.at = self.buf.len();

@@ -2,10 +2,11 @@
 //!
 //! Two kinds of group:
 //! * a **data** partition's records already live in its log, so applying an entry only moves the
-//!   high watermark (the Kafka offset after the last applied record) and carries out commands
-//!   (retention's [`Command::LogStart`]). Its snapshot carries no data: only where the log starts
-//!   (the last purged entry and the first Kafka offset), so a follower behind the leader's log
-//!   start installs it and fetches from there;
+//!   high watermark (the Kafka offset after the last applied record), follows its idempotent
+//!   producers ([`crate::producers`]) and carries out commands (retention's
+//!   [`Command::LogStart`]). Its snapshot carries no records: only where the log starts (the
+//!   last purged entry and the first Kafka offset) and the producer table, so a follower
+//!   behind the leader's log start installs it and fetches from there;
 //! * a **table** group (the consumer offsets, the cluster metadata) applies its records to a
 //!   [`Table`] the broker provides, and its snapshot is that table: the log up to it is purged,
 //!   so replaying after a restart or a leader change costs what the table holds, not every
@@ -29,6 +30,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::log_store::LogStore;
 use crate::payload::{Command, Payload};
+use crate::producers::ProducerTable;
 use crate::record::Reader;
 use crate::state::{GroupState, LogStart};
 use crate::types::{Applied, Entry, KilnRaft, LogId, NodeId, StorageError};
@@ -59,6 +61,8 @@ pub enum GroupKind {
 
 struct SmInner {
     state: GroupState,
+    /// A data partition's idempotent producers, as of what is applied (saved in `state.table`).
+    producers: ProducerTable,
     /// The high watermark: the Kafka offset after every applied record.
     next_kafka: i64,
     since_save: u64,
@@ -101,13 +105,29 @@ fn encode_snapshot(kafka_offset: i64, table: Option<&[u8]>) -> Vec<u8> {
     p
 }
 
-fn decode_snapshot(bytes: &[u8]) -> Option<(i64, Option<&[u8]>)> {
+/// A data snapshot: the log start's Kafka offset, then the producer table.
+fn encode_data_snapshot(kafka_offset: i64, producers: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(9 + producers.len());
+    p.push(SNAPSHOT_DATA);
+    p.extend_from_slice(&kafka_offset.to_be_bytes());
+    p.extend_from_slice(producers);
+    p
+}
+
+/// What a snapshot holds: a data partition's (log start, producer table bytes; empty when
+/// written before producers were followed) or a table group's (log start, table).
+enum SnapshotBody<'a> {
+    Data(i64, &'a [u8]),
+    Table(i64, &'a [u8]),
+}
+
+fn decode_snapshot(bytes: &[u8]) -> Option<SnapshotBody<'_>> {
     let mut r = Reader::new(bytes);
     let kind = r.u8()?;
     let kafka = r.i64()?;
     match kind {
-        SNAPSHOT_DATA if r.done() => Some((kafka, None)),
-        SNAPSHOT_TABLE => Some((kafka, Some(r.rest()))),
+        SNAPSHOT_DATA => Some(SnapshotBody::Data(kafka, r.rest())),
+        SNAPSHOT_TABLE => Some(SnapshotBody::Table(kafka, r.rest())),
         _ => None,
     }
 }
@@ -151,8 +171,15 @@ impl StateMachine {
                 state.applied = Some(ls.last_purged);
             }
         }
-        if let (GroupKind::Table(table), Some(bytes)) = (&kind, &state.table) {
-            table.restore(bytes).map_err(std::io::Error::other)?;
+        let mut producers = ProducerTable::default();
+        match (&kind, &state.table) {
+            (GroupKind::Table(table), Some(bytes)) => {
+                table.restore(bytes).map_err(std::io::Error::other)?;
+            }
+            (GroupKind::Data, Some(bytes)) => {
+                producers = ProducerTable::decode(bytes).map_err(std::io::Error::other)?;
+            }
+            (_, None) => {}
         }
         let next_kafka = match state.applied {
             Some(a) if a.index + 1 >= first => {
@@ -164,6 +191,7 @@ impl StateMachine {
         Ok(StateMachine {
             inner: Arc::new(Mutex::new(SmInner {
                 state,
+                producers,
                 next_kafka,
                 since_save: 0,
             })),
@@ -193,6 +221,12 @@ impl StateMachine {
         self.lock().state.applied
     }
 
+    /// The producer table and the high watermark, as of what is applied (taken together).
+    pub fn producers(&self) -> (ProducerTable, i64) {
+        let inner = self.lock();
+        (inner.producers.clone(), inner.next_kafka)
+    }
+
     /// Resolves when a snapshot is due.
     pub fn snapshot_wanted(&self) -> Arc<Notify> {
         self.snapshot_wanted.clone()
@@ -220,6 +254,9 @@ impl StateMachine {
             // A table group's file is its snapshot: written with the table only.
             return Ok(());
         }
+        // The producers as of the in-memory applied position, which may be past the saved one:
+        // applying the entries in between again changes nothing (`producers.rs`).
+        state.table = Some(Bytes::from(inner.producers.encode()));
         state.save(shared.fs.as_ref(), &shared.dir)?;
         inner.since_save = 0;
         Ok(())
@@ -240,7 +277,7 @@ impl RaftSnapshotBuilder<KilnRaft> for StateMachine {
                 let kafka = inner.state.log_start.map_or(0, |l| l.kafka_offset);
                 (
                     inner.state.log_start.map(|l| l.last_purged),
-                    encode_snapshot(kafka, None),
+                    encode_data_snapshot(kafka, &inner.producers.encode()),
                 )
             }
             GroupKind::Table(table) => {
@@ -322,14 +359,20 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
                             return Err(mismatch(k).into());
                         }
                     }
-                    if let GroupKind::Table(table) = &self.kind {
-                        table.apply(index, base, batches);
+                    match &self.kind {
+                        GroupKind::Table(table) => table.apply(index, base, batches),
+                        GroupKind::Data => {
+                            for b in Payload::producer_batches(batches, base) {
+                                inner.producers.apply(b);
+                            }
+                        }
                     }
                     *record_count
                 }
                 EntryPayload::Normal(Payload::Summary {
                     record_count,
                     kafka_offset,
+                    producers,
                 }) => {
                     if *kafka_offset != base {
                         return Err(mismatch(*kafka_offset).into());
@@ -340,6 +383,21 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
                             sm_err("a table group was given an entry without its records"),
                         )
                         .into());
+                    }
+                    let end = base + i64::from(*record_count);
+                    for b in producers {
+                        if b.base_offset < base || b.last_offset() >= end {
+                            return Err(StorageIOError::apply(
+                                entry.log_id,
+                                sm_err(format!(
+                                    "entry {index}: a producer batch at {}..={} outside its offsets {base}..{end}",
+                                    b.base_offset,
+                                    b.last_offset()
+                                )),
+                            )
+                            .into());
+                        }
+                        inner.producers.apply(*b);
                     }
                     *record_count
                 }
@@ -422,20 +480,28 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
                 sm_err(why),
             ))
         };
-        let (kafka, table_bytes) =
-            decode_snapshot(&bytes).ok_or_else(|| bad("snapshot does not decode".into()))?;
+        let body = decode_snapshot(&bytes).ok_or_else(|| bad("snapshot does not decode".into()))?;
         let last = meta
             .last_log_id
             .ok_or_else(|| bad("snapshot without a last log id".into()))?;
         let mut inner = self.lock();
-        match (&self.kind, table_bytes) {
-            (GroupKind::Table(table), Some(t)) => {
+        let kafka = match (&self.kind, body) {
+            (GroupKind::Table(table), SnapshotBody::Table(kafka, t)) => {
                 table.restore(t).map_err(bad)?;
                 inner.state.table = Some(Bytes::copy_from_slice(t));
+                kafka
             }
-            (GroupKind::Data, None) => {}
+            (GroupKind::Data, SnapshotBody::Data(kafka, p)) => {
+                inner.producers = if p.is_empty() {
+                    ProducerTable::default()
+                } else {
+                    ProducerTable::decode(p).map_err(bad)?
+                };
+                inner.state.table = Some(Bytes::from(inner.producers.encode()));
+                kafka
+            }
             _ => return Err(bad("snapshot of the wrong kind of group".into())),
-        }
+        };
         inner.state.applied = Some(last);
         inner.state.membership = meta.last_membership.clone();
         inner.state.log_start = Some(LogStart {
@@ -470,7 +536,10 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
             return Ok(None);
         };
         let (last, data) = match &self.kind {
-            GroupKind::Data => (ls.last_purged, encode_snapshot(ls.kafka_offset, None)),
+            GroupKind::Data => (
+                ls.last_purged,
+                encode_data_snapshot(ls.kafka_offset, &inner.producers.encode()),
+            ),
             GroupKind::Table(_) => {
                 let Some(t) = &inner.state.table else {
                     return Ok(None);

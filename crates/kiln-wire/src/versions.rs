@@ -27,6 +27,8 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ListGroups, 0, 5),
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::DeleteGroups, 0, 2),
+    // Idempotent producers (no transactions).
+    (ApiKey::InitProducerId, 0, 4),
 ];
 
 /// The supported (min, max) for an API, or `None` when Kiln does not serve it.

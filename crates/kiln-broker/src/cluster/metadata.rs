@@ -40,6 +40,11 @@ pub enum Command {
         node: i32,
         incarnation: u64,
     },
+    /// The next `count` producer ids go to broker `node` (`cluster/producer_ids.rs`).
+    AllocateProducerIds {
+        node: i32,
+        count: u32,
+    },
 }
 
 /// One RecordBatch v2 holding `command` as its only record.
@@ -117,6 +122,12 @@ pub struct MetadataState {
     /// Each broker's registered data-directory incarnation, by node id.
     #[serde(default)]
     pub brokers: BTreeMap<i32, u64>,
+    /// The first producer id not yet given to any broker.
+    #[serde(default)]
+    pub next_producer_id: i64,
+    /// Each broker's latest block of producer ids: (first id, count).
+    #[serde(default)]
+    pub producer_id_blocks: BTreeMap<i32, (i64, u32)>,
     /// The Kafka offset after the last applied record: the controller waits for its own
     /// commands to pass it.
     pub applied_offset: i64,
@@ -207,6 +218,21 @@ fn apply_command(state: &mut MetadataState, command: Command) {
             ),
             Some(_) => {}
         },
+        Command::AllocateProducerIds { node, count } => {
+            let first = state.next_producer_id;
+            match first.checked_add(i64::from(count)) {
+                Some(next) if count > 0 => {
+                    state.next_producer_id = next;
+                    state.producer_id_blocks.insert(node, (first, count));
+                }
+                _ => tracing::error!(
+                    node,
+                    count,
+                    first,
+                    "a producer id block that does not fit; ignored"
+                ),
+            }
+        }
     }
 }
 

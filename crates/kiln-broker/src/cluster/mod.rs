@@ -14,6 +14,7 @@
 
 pub mod join;
 pub mod metadata;
+pub mod producer_ids;
 mod register;
 pub mod replica;
 
@@ -120,6 +121,8 @@ pub struct Cluster {
     controller_lock: tokio::sync::Mutex<()>,
     /// Called with the cluster id once it is known (the broker persists it).
     on_cluster_id: Box<dyn Fn(&str) + Send + Sync>,
+    /// This broker's block of producer ids (`producer_ids.rs`).
+    producer_ids: tokio::sync::Mutex<producer_ids::Cursor>,
     /// Nodes whose registration this broker (as controller) is proposing.
     registering: std::sync::Mutex<std::collections::BTreeSet<i32>>,
     /// The Raft listener, the reconciler and the cluster-id task, stopped by `shutdown`.
@@ -154,6 +157,10 @@ impl RaftGroups for Groups {
 
     fn hello(&self, from: &kiln_raft::net::Hello) -> kiln_raft::net::HelloAnswer {
         self.0.answer_hello(from)
+    }
+
+    fn forward(&self, group: &str, payload: bytes::Bytes) -> kiln_raft::net::ForwardFuture {
+        Box::pin(self.0.clone().take_forwarded(group.to_string(), payload))
     }
 }
 
@@ -264,6 +271,7 @@ impl Cluster {
             controller_lock: tokio::sync::Mutex::new(()),
             on_cluster_id: p.on_cluster_id,
             registering: std::sync::Mutex::new(Default::default()),
+            producer_ids: tokio::sync::Mutex::new(Default::default()),
             tasks: std::sync::Mutex::new(Vec::new()),
         });
         cluster.insert_replica(metadata);

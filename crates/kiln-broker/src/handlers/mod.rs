@@ -6,6 +6,7 @@ pub mod admin;
 pub mod api_versions;
 pub mod fetch;
 pub mod groups;
+pub mod init_producer_id;
 pub mod list_offsets;
 pub mod metadata;
 pub mod offsets;
@@ -55,6 +56,7 @@ pub fn dispatch(broker: &Arc<Broker>, request: DecodedRequest) -> Reply {
             admin::create_topics(cluster, broker.config.default_partitions, req, version)
         }
         RequestKind::DeleteTopics(req) => admin::delete_topics(cluster, req),
+        RequestKind::InitProducerId(req) => init_producer_id::handle(cluster, req),
         body => {
             let serving = broker.groups.store().is_serving();
             match refuse::refuse(cluster, serving, &body) {

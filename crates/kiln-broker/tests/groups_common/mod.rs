@@ -147,6 +147,83 @@ pub fn batch(n: usize, timestamp: i64) -> Bytes {
     buf.freeze()
 }
 
+/// One batch of `n` records from an idempotent producer: `producer_id`, `epoch`, sequences
+/// from `sequence`.
+pub fn idempotent_batch(producer_id: i64, epoch: i16, sequence: i32, n: usize) -> Bytes {
+    let records: Vec<Record> = (0..n)
+        .map(|i| Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: -1,
+            producer_id,
+            producer_epoch: epoch,
+            timestamp_type: TimestampType::Creation,
+            offset: i as i64,
+            sequence: sequence.wrapping_add(i as i32),
+            timestamp: 1_700_000_000_000,
+            key: Some(Bytes::from(format!("k{i}"))),
+            value: Some(Bytes::from(format!(
+                "p{producer_id}-s{}",
+                sequence as usize + i
+            ))),
+            headers: Default::default(),
+        })
+        .collect();
+    let mut buf = BytesMut::new();
+    RecordBatchEncoder::encode(
+        &mut buf,
+        records.iter(),
+        &RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        },
+    )
+    .unwrap();
+    buf.freeze()
+}
+
+/// One acks=all produce of `records` to topic/partition: (error code, base offset).
+pub async fn produce_batch(
+    conn: &mut Connection,
+    topic: &str,
+    partition: i32,
+    records: Bytes,
+) -> (i16, i64) {
+    let request = ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(5000)
+        .with_topic_data(vec![TopicProduceData::default()
+            .with_name(topic_name(topic))
+            .with_partition_data(vec![PartitionProduceData::default()
+                .with_index(partition)
+                .with_records(Some(records))])]);
+    match conn.call(RequestKind::Produce(request), T).await.unwrap() {
+        ResponseKind::Produce(r) => {
+            let p = &r.responses[0].partition_responses[0];
+            (p.error_code, p.base_offset)
+        }
+        other => panic!("Produce answered {other:?}"),
+    }
+}
+
+/// InitProducerId (no transactional id): (error code, producer id, epoch).
+pub async fn init_producer_id(conn: &mut Connection) -> (i16, i64, i16) {
+    let request = InitProducerIdRequest::default()
+        .with_transactional_id(None)
+        .with_transaction_timeout_ms(60_000)
+        .with_producer_id(ProducerId(-1))
+        .with_producer_epoch(-1);
+    match conn
+        .call(RequestKind::InitProducerId(request), T)
+        .await
+        .unwrap()
+    {
+        ResponseKind::InitProducerId(r) => (r.error_code, r.producer_id.0, r.producer_epoch),
+        other => panic!("InitProducerId answered {other:?}"),
+    }
+}
+
 pub async fn produce(conn: &mut Connection, topic: &str, partition: i32, n: usize) {
     let request = ProduceRequest::default()
         .with_acks(-1)

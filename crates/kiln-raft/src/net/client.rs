@@ -299,6 +299,35 @@ impl RaftNetwork<KilnRaft> for TcpLink {
     }
 }
 
+/// Asks the Raft listener at `addr` to make `payload`, a proposal for `group`'s leader (see
+/// `codec.rs`, kind 10). `Ok` once that peer has made and applied it.
+pub async fn forward(
+    addr: &str,
+    group: &str,
+    payload: bytes::Bytes,
+    timeout: Duration,
+) -> Result<(), String> {
+    let exchange = async {
+        let mut stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        let frame = codec::encode(group, &Message::Forward(payload)).map_err(|e| e.to_string())?;
+        stream
+            .write_all(&frame)
+            .await
+            .map_err(|e| format!("write to {addr}: {e}"))?;
+        match codec::read_frame(&mut stream).await {
+            Ok(Some((_, Message::ForwardResponse(result)))) => result,
+            Ok(Some((_, other))) => Err(format!("{addr} answered {other:?}")),
+            Ok(None) => Err(format!("{addr} closed the connection")),
+            Err(e) => Err(format!("{addr}: {e}")),
+        }
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| format!("{addr} did not answer within {} ms", timeout.as_millis()))?
+}
+
 /// Asks the Raft listener at `addr` who it is, which cluster it belongs to, and which
 /// incarnation that cluster has registered for the sender.
 pub async fn hello(addr: &str, hello: Hello, timeout: Duration) -> Result<HelloAnswer, String> {

@@ -14,6 +14,8 @@
 //! | 7 | InstallSnapshot response | `vote` |
 //! | 8 | Hello request | `sender u64, incarnation u64` (group name empty) |
 //! | 9 | Hello response | `node u64, registered u8, incarnation u64, has_cluster u8, cluster id (UTF-8, the rest)` |
+//! | 10 | Forward request | `payload` (the rest): a proposal for the group's leader to make |
+//! | 11 | Forward response | `ok u8, reason (UTF-8, the rest)` |
 //!
 //! `vote` is `term u64, has_node u8, node u64, committed u8`; a membership is `record.rs`'s
 //! encoding, the one kept on disk. `log_id?` is `0u8`, or `1u8, term u64, index u64`. An entry
@@ -63,6 +65,8 @@ pub(crate) const KIND_SNAPSHOT: u8 = 6;
 pub(crate) const KIND_SNAPSHOT_RESPONSE: u8 = 7;
 pub(crate) const KIND_HELLO: u8 = 8;
 pub(crate) const KIND_HELLO_RESPONSE: u8 = 9;
+pub(crate) const KIND_FORWARD: u8 = 10;
+pub(crate) const KIND_FORWARD_RESPONSE: u8 = 11;
 
 const ENTRY_BLANK: u8 = 0;
 const ENTRY_RECORDS: u8 = 1;
@@ -114,6 +118,11 @@ pub enum Message {
     /// its peers before it takes part in anything).
     Hello(Hello),
     HelloResponse(HelloAnswer),
+    /// A proposal for the named group's leader to make on the sender's behalf (a broker that
+    /// is not the controller asking for producer ids); what the bytes mean is the group's.
+    Forward(Bytes),
+    /// `Ok` once the leader has made (and applied) the proposal, else why not.
+    ForwardResponse(Result<(), String>),
     /// The request was not served (unknown group, wrong node, Raft stopped, bad frame).
     Error(String),
 }
@@ -129,6 +138,8 @@ impl Message {
             Message::InstallSnapshotResponse(_) => KIND_SNAPSHOT_RESPONSE,
             Message::Hello(_) => KIND_HELLO,
             Message::HelloResponse(_) => KIND_HELLO_RESPONSE,
+            Message::Forward(_) => KIND_FORWARD,
+            Message::ForwardResponse(_) => KIND_FORWARD_RESPONSE,
             Message::Error(_) => KIND_ERROR,
         }
     }
@@ -149,6 +160,8 @@ impl fmt::Display for KindName {
             KIND_SNAPSHOT_RESPONSE => f.write_str("InstallSnapshot response"),
             KIND_HELLO => f.write_str("Hello request"),
             KIND_HELLO_RESPONSE => f.write_str("Hello response"),
+            KIND_FORWARD => f.write_str("Forward request"),
+            KIND_FORWARD_RESPONSE => f.write_str("Forward response"),
             other => write!(f, "kind {other}"),
         }
     }
@@ -184,6 +197,8 @@ impl fmt::Debug for Message {
                     a.node, a.cluster_id, a.sender_incarnation
                 )
             }
+            Message::Forward(p) => write!(f, "Forward({} bytes)", p.len()),
+            Message::ForwardResponse(r) => write!(f, "ForwardResponse({r:?})"),
             Message::Error(reason) => write!(f, "Error({reason:?})"),
         }
     }
@@ -357,6 +372,13 @@ pub fn encode(group: &str, message: &Message) -> Result<Vec<u8>, CodecError> {
             put_u64(&mut out, answer.sender_incarnation.unwrap_or(0));
             out.push(u8::from(answer.cluster_id.is_some()));
             out.extend_from_slice(answer.cluster_id.as_deref().unwrap_or("").as_bytes());
+        }
+        Message::Forward(payload) => out.extend_from_slice(payload),
+        Message::ForwardResponse(result) => {
+            out.push(u8::from(result.is_ok()));
+            if let Err(reason) = result {
+                out.extend_from_slice(reason.as_bytes());
+            }
         }
         Message::Error(reason) => out.extend_from_slice(reason.as_bytes()),
     }
@@ -579,6 +601,13 @@ pub fn decode_body(body: &[u8], crc: u32) -> Result<(String, Message), CodecErro
                 sender_incarnation: registered.then_some(incarnation),
                 cluster_id: has.then_some(id),
             })
+        }
+        KIND_FORWARD => Message::Forward(Bytes::copy_from_slice(r.rest())),
+        KIND_FORWARD_RESPONSE => {
+            let ok = r.bool("ok")?;
+            let reason = String::from_utf8(r.rest().to_vec())
+                .map_err(|_| malformed("forward reason is not UTF-8"))?;
+            Message::ForwardResponse(if ok { Ok(()) } else { Err(reason) })
         }
         KIND_ERROR => Message::Error(
             String::from_utf8(r.rest().to_vec())

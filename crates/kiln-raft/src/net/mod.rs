@@ -17,7 +17,7 @@ mod client;
 pub(crate) mod codec;
 mod server;
 
-pub use client::{hello, TcpLink, TcpNetwork, DEFAULT_CONNECT_TIMEOUT};
+pub use client::{forward, hello, TcpLink, TcpNetwork, DEFAULT_CONNECT_TIMEOUT};
 pub use codec::MAX_FRAME_BYTES;
 pub use server::serve;
 
@@ -42,6 +42,10 @@ pub struct HelloAnswer {
     pub sender_incarnation: Option<u64>,
 }
 
+/// What [`RaftGroups::forward`] resolves to.
+pub type ForwardFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+
 pub type PeerAddrs = Arc<BTreeMap<NodeId, String>>;
 
 /// The server side's view of a broker's groups: the Raft handle for a group name, if this
@@ -59,6 +63,13 @@ pub trait RaftGroups: Send + Sync + 'static {
 
     /// The answer to a peer's [`Hello`]: this broker's node id, its cluster's id if it knows
     /// one, and the incarnation its cluster has registered for the sender, if any.
+    /// Makes a proposal a peer forwarded for `group`'s leader (see `codec.rs`, kind 10). The
+    /// default refuses: implement it for the groups that take forwarded proposals.
+    fn forward(&self, group: &str, _payload: bytes::Bytes) -> ForwardFuture {
+        let group = group.to_string();
+        Box::pin(async move { Err(format!("group {group} takes no forwarded proposals")) })
+    }
+
     fn hello(&self, _from: &Hello) -> HelloAnswer {
         HelloAnswer {
             node: 0,

@@ -117,6 +117,10 @@ async fn handle(groups: &dyn RaftGroups, group: &str, request: Message) -> (Mess
         tracing::debug!(?hello, ?answer, "raft listener: hello");
         return (Message::HelloResponse(answer), true);
     }
+    if let Message::Forward(payload) = request {
+        let result = groups.forward(group, payload).await;
+        return (Message::ForwardResponse(result), true);
+    }
     let target = match &request {
         Message::AppendEntries { target, .. }
         | Message::Vote { target, .. }
