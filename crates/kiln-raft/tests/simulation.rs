@@ -33,9 +33,10 @@ fn simulate(opts: SimOptions) -> SimReport {
 
 fn describe(r: &SimReport) -> String {
     format!(
-        "seed {}: {} acked, {} failed, {} retentions, {} crashes ({} aimed, {} lost unsynced bytes, {} bytes dropped), {} power losses, {} partitions, {} log rots ({} aimed, {} hit committed entries), {} vote rots ({} lost the latest save), {}/{} repairs finished, {} leaders, hw {}, {} reads checked; offsets: {} commits acked, {} failed, {} rebuilds observed, {} leaders, hw {}; trace {:016x}",
+        "seed {}: {} acked ({} idempotent), {} failed, {} retentions, {} crashes ({} aimed, {} lost unsynced bytes, {} bytes dropped), {} power losses, {} partitions, {} log rots ({} aimed, {} hit committed entries), {} vote rots ({} lost the latest save), {}/{} repairs finished, {} leaders, hw {}, {} reads checked; offsets: {} commits acked, {} failed, {} rebuilds observed, {} leaders, hw {}; trace {:016x}",
         r.seed,
         r.acknowledged,
+        r.idempotent_acknowledged,
         r.failed_appends,
         r.retentions,
         r.crashes,

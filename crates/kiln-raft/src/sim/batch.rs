@@ -62,6 +62,23 @@ pub(super) fn build_keyed_batch(values: &[(Option<&[u8]>, &[u8])], timestamp_ms:
     b
 }
 
+/// As [`build_batch`], from an idempotent producer: `producer_id`, epoch 0, sequences from
+/// `base_sequence` (the CRC, which covers those fields, computed again).
+pub(super) fn build_idempotent_batch(
+    values: &[Vec<u8>],
+    timestamp_ms: i64,
+    producer_id: i64,
+    base_sequence: i32,
+) -> Vec<u8> {
+    let mut b = build_batch(values, timestamp_ms);
+    b[43..51].copy_from_slice(&producer_id.to_be_bytes());
+    b[51..53].copy_from_slice(&0i16.to_be_bytes());
+    b[53..57].copy_from_slice(&base_sequence.to_be_bytes());
+    let crc = crc32c::crc32c(&b[21..]);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    b
+}
+
 /// Reads one zigzag varint at `*at`, moving past it.
 fn get_varint(buf: &[u8], at: &mut usize) -> Option<i64> {
     let mut z: u64 = 0;

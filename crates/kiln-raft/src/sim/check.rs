@@ -10,6 +10,30 @@ use super::{lock, split, Ack, ReadBatch, SimReport, World, DATA, OFFSETS};
 use crate::partition::ReplicatedPartition;
 use crate::types::NodeId;
 
+/// The idempotent producer's batches: never refused, and each in the leader's log at most once
+/// (the no-loss check covers the acknowledged ones, which are among the client's acks).
+fn check_idempotent(leader: &ReplicatedPartition, refusals: &[String], v: &mut Vec<String>) {
+    for r in refusals {
+        v.push(format!("IDEMPOTENCE: {r}"));
+    }
+    let Ok(log) = committed(leader) else { return };
+    let mut seen: BTreeMap<(i64, i32), i64> = BTreeMap::new();
+    for b in &log {
+        let Ok(h) = kiln_log::BatchHeader::parse(&b.bytes) else {
+            continue;
+        };
+        if h.producer_id < 0 {
+            continue;
+        }
+        if let Some(first) = seen.insert((h.producer_id, h.base_sequence), b.base_offset) {
+            v.push(format!(
+                "DUPLICATE: producer {} sequence {} written at offsets {first} and {}",
+                h.producer_id, h.base_sequence, b.base_offset
+            ));
+        }
+    }
+}
+
 pub(super) fn check(
     world: &World,
     leader: &ReplicatedPartition,
@@ -28,6 +52,8 @@ pub(super) fn check(
         &mut v,
     );
     report.final_high_watermark = data.high_watermark;
+    check_idempotent(leader, &s.idempotent_refusals, &mut v);
+    report.idempotent_acknowledged = s.idempotent_acked;
     report.reads_checked = s.reads.len();
     let off = check_group(
         " (offsets group)",

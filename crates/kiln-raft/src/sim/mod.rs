@@ -34,7 +34,11 @@
 //!   is in the final log at the same offset with the same bytes, and reads start at 0 with no
 //!   gap;
 //! * at most one leader per term (leader epoch);
-//! * convergence: every replica's committed log equals the leader's.
+//! * convergence: every replica's committed log equals the leader's;
+//! * idempotence: beside the plain clients, an idempotent producer (one batch in flight,
+//!   rising sequence numbers) resends each batch to whichever replica leads until it is
+//!   acknowledged, whatever became of its earlier attempts; none is ever refused as out of
+//!   order or fenced, and each of its batches is in the log once.
 //!
 //! The first five hold for both groups. A crash, power loss, restart or isolation hits a
 //! broker, so both of its replicas (each group has its own log and vote files on the broker's
@@ -200,6 +204,8 @@ pub struct SimReport {
     /// Timestamped events: faults, acknowledgements, leaders, checks.
     pub trace: Vec<String>,
     pub acknowledged: usize,
+    /// Batches of the idempotent producer acknowledged (each checked to be written once).
+    pub idempotent_acknowledged: usize,
     pub failed_appends: usize,
     /// Replica crashes, each replica of a power loss counted.
     pub crashes: usize,
@@ -303,6 +309,12 @@ struct Shared {
     reads: Vec<(NodeId, ReadBatch)>,
     /// The offsets group's commits and rebuilds.
     off: offsets::OffsetsShared,
+    /// Batches of the idempotent producer the leader refused (a well-behaved producer that
+    /// only retries what it sent must never see OUT_OF_ORDER or a fenced epoch).
+    idempotent_refusals: Vec<String>,
+    /// Its batches acknowledged, and given up on.
+    idempotent_acked: usize,
+    idempotent_abandoned: usize,
 }
 
 struct World {
@@ -856,6 +868,103 @@ async fn client_append(
     }
 }
 
+/// The simulated idempotent producer's id, and the number space of its appends in `acks`.
+const IDEMPOTENT_PRODUCER_ID: i64 = 4242;
+const IDEMPOTENT_APPEND_BASE: usize = 1_000_000;
+/// How long after the fault phase it keeps retrying an unanswered batch.
+const IDEMPOTENT_GRACE: Duration = Duration::from_secs(8);
+
+/// An idempotent producer, as librdkafka's with one request in flight: batches with rising
+/// sequence numbers, each retried (the same bytes, at whatever replica leads) until it is
+/// acknowledged, however its earlier attempts ended (refused, lost, timed out with its outcome
+/// unknown). The checker then asserts each of its batches is in the log exactly once.
+async fn idempotent_producer(
+    router: SimRouter,
+    shared: Arc<Mutex<Shared>>,
+    start: Instant,
+    until_ms: u64,
+    seed: u64,
+) {
+    let mut rng = StableRng::seed(seed);
+    let mut sequence: i32 = 0;
+    let mut k = 0usize;
+    while start.elapsed() < Duration::from_millis(until_ms) {
+        let records = rng.random_range(1..=3usize);
+        let values: Vec<Vec<u8>> = (0..records)
+            .map(|r| format!("idempotent batch {k} record {r}").into_bytes())
+            .collect();
+        let batch = Bytes::from(batch::build_idempotent_batch(
+            &values,
+            k as i64,
+            IDEMPOTENT_PRODUCER_ID,
+            sequence,
+        ));
+        let began = Instant::now();
+        let give_up = start + Duration::from_millis(until_ms) + IDEMPOTENT_GRACE;
+        let mut attempts = 0u32;
+        let outcome = loop {
+            if Instant::now() >= give_up {
+                break None;
+            }
+            attempts += 1;
+            let Some(t) = leader_of(&router.replicas(DATA)) else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let answer =
+                tokio::time::timeout(Duration::from_secs(2), t.proposer().submit(batch.clone()))
+                    .await;
+            match answer {
+                Ok(Ok(Ok(ack))) => break Some((ack, t.id())),
+                Ok(Ok(Err(
+                    e @ (PartitionError::OutOfOrderSequence { .. }
+                    | PartitionError::InvalidProducerEpoch { .. }),
+                ))) => {
+                    lock(&shared).idempotent_refusals.push(format!(
+                        "batch {k} (sequence {sequence}, attempt {attempts}) refused by replica {}: {e}",
+                        t.id()
+                    ));
+                    return;
+                }
+                // Not the leader, stopped, or no answer in time (its outcome unknown): the
+                // same batch again.
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        let Some((ack, via)) = outcome else {
+            log_line(
+                &shared,
+                start,
+                format!("idempotent batch {k} abandoned after {attempts} attempts"),
+            );
+            lock(&shared).idempotent_abandoned += 1;
+            return;
+        };
+        log_line(
+            &shared,
+            start,
+            format!(
+                "ack idempotent batch {k} (sequence {sequence}, attempt {attempts}) via replica {via}: offsets {}..={}",
+                ack.base_offset, ack.last_offset
+            ),
+        );
+        {
+            let mut s = lock(&shared);
+            s.acks.push((
+                IDEMPOTENT_APPEND_BASE + k,
+                ack,
+                began,
+                Instant::now(),
+                batch,
+            ));
+            s.idempotent_acked += 1;
+        }
+        sequence += records as i32;
+        k += 1;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(5..=60))).await;
+    }
+}
+
 /// Commits a marker entry in `group` through its leader, retrying for up to 10 s; returns the
 /// leader that committed it.
 async fn commit_marker(world: &World, group: usize) -> Option<ReplicatedPartition> {
@@ -989,6 +1098,14 @@ pub async fn run(opts: SimOptions) -> SimReport {
         ));
     }
     let mut client_tasks = Vec::new();
+    let seed = world.rng.random();
+    client_tasks.push(tokio::spawn(idempotent_producer(
+        world.router.clone(),
+        Arc::clone(&world.shared),
+        world.start,
+        opts.fault_ms,
+        seed,
+    )));
     let mut next_read = 0u64;
     let mut next_fault = world.rng.random_range(FAULT_GAP_MS);
     let mut plan = client_plan.into_iter().peekable();
