@@ -10,11 +10,7 @@
 //! includes linger and batching), with at most `--in-flight` records outstanding. Every broker
 //! is killed at the end, on error too.
 
-use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -22,37 +18,28 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Args;
 use hdrhistogram::Histogram;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::{ClientContext, DefaultClientContext};
+use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 
-const TOPIC: &str = "bench";
-/// Raft timings written into every cluster node's `[cluster]` section: those of the shipped
-/// configuration (deploy/cluster/broker-*.toml).
-const HEARTBEAT_MS: u64 = 100;
-const ELECTION_TIMEOUT_MIN_MS: u64 = 300;
-const ELECTION_TIMEOUT_MAX_MS: u64 = 600;
-const LOG_TAIL_BYTES: u64 = 4096;
+use crate::brokers::{self, Brokers, TopicSpec};
+
+pub(crate) const TOPIC: &str = "bench";
 /// Longest delivery latency the histogram holds (larger values are clamped).
 const LATENCY_US_MAX: u64 = 300_000_000;
 
+/// The producer's load and the brokers it runs against, shared by the multi-process
+/// benchmarks.
 #[derive(Args, Debug, Clone)]
-pub struct ClusterArgs {
+pub struct LoadArgs {
     /// The `kiln` binary the brokers run.
     #[arg(long, default_value = "target/release/kiln")]
     pub kiln_bin: PathBuf,
-    /// Records produced in each of the two runs.
-    #[arg(long, default_value_t = 200_000)]
-    pub records: u64,
     #[arg(long, default_value_t = 1024)]
     pub record_bytes: usize,
     #[arg(long, default_value_t = 6)]
     pub partitions: i32,
-    /// Replicas per partition on the three brokers (the standalone broker always has 1).
-    #[arg(long, default_value_t = 3)]
-    pub replication_factor: i32,
     /// librdkafka `linger.ms`.
     #[arg(long, default_value_t = 5)]
     pub linger_ms: u32,
@@ -66,6 +53,21 @@ pub struct ClusterArgs {
     /// Longest wait for the brokers to listen, the cluster to form and the topic to be led.
     #[arg(long, default_value_t = 60)]
     pub ready_timeout_s: u64,
+    /// librdkafka `enable.idempotence` (its default is false).
+    #[arg(long, default_value_t = false)]
+    pub idempotence: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ClusterArgs {
+    #[command(flatten)]
+    pub load: LoadArgs,
+    /// Records produced in each of the two runs.
+    #[arg(long, default_value_t = 200_000)]
+    pub records: u64,
+    /// Replicas per partition on the three brokers (the standalone broker always has 1).
+    #[arg(long, default_value_t = 3)]
+    pub replication_factor: i32,
 }
 
 /// One run: how fast the records were acknowledged.
@@ -90,37 +92,19 @@ pub fn run(
     args: &ClusterArgs,
     runtime: &tokio::runtime::Runtime,
 ) -> anyhow::Result<ClusterFigures> {
-    if !args.kiln_bin.is_file() {
-        bail!(
-            "kiln binary {} not found: build it with `cargo build --release -p kiln --bin kiln` \
-             or pass --kiln-bin",
-            args.kiln_bin.display()
-        );
-    }
-    if args.partitions < 1 || args.records == 0 || args.record_bytes == 0 || args.in_flight == 0 {
-        bail!("--partitions, --records, --record-bytes and --in-flight must be at least 1");
-    }
-    let kiln_bin = std::fs::canonicalize(&args.kiln_bin)
-        .with_context(|| format!("resolving {}", args.kiln_bin.display()))?;
+    check_args(args)?;
+    let kiln_bin = kiln_bin(&args.load.kiln_bin)?;
     let tmp = tempfile::tempdir_in(dir)?;
-    let ready = Duration::from_secs(args.ready_timeout_s);
-
     let cluster = {
-        let mut brokers = Brokers::start_cluster(&kiln_bin, &tmp.path().join("cluster"), 3)?;
-        let figures = measure(
-            &mut brokers,
-            args,
-            args.replication_factor,
-            &format!("3 brokers, RF {}", args.replication_factor),
-            ready,
-            runtime,
-        );
+        let mut brokers = Brokers::start_cluster(&kiln_bin, &tmp.path().join("cluster"), 3, "")?;
+        let setup = format!("3 brokers, RF {}", args.replication_factor);
+        let figures = measure(&mut brokers, args, args.replication_factor, &setup, runtime);
         brokers.kill_all();
         figures?
     };
     let single = {
-        let mut brokers = Brokers::start_single(&kiln_bin, &tmp.path().join("single"))?;
-        let figures = measure(&mut brokers, args, 1, "1 broker, RF 1", ready, runtime);
+        let mut brokers = Brokers::start_single(&kiln_bin, &tmp.path().join("single"), "")?;
+        let figures = measure(&mut brokers, args, 1, "1 broker, RF 1", runtime);
         brokers.kill_all();
         figures?
     };
@@ -131,40 +115,110 @@ pub fn run(
     })
 }
 
-fn measure(
+fn check_args(args: &ClusterArgs) -> anyhow::Result<()> {
+    if args.records == 0 {
+        bail!("--records must be at least 1");
+    }
+    check_load(&args.load)
+}
+
+pub(crate) fn check_load(load: &LoadArgs) -> anyhow::Result<()> {
+    if load.partitions < 1 || load.record_bytes == 0 || load.in_flight == 0 {
+        bail!("--partitions, --record-bytes and --in-flight must be at least 1");
+    }
+    Ok(())
+}
+
+/// The `kiln` binary the brokers run, resolved (they start in other directories).
+pub(crate) fn kiln_bin(path: &Path) -> anyhow::Result<PathBuf> {
+    if !path.is_file() {
+        bail!(
+            "kiln binary {} not found: build it with `cargo build --release -p kiln --bin kiln` \
+             or pass --kiln-bin",
+            path.display()
+        );
+    }
+    std::fs::canonicalize(path).with_context(|| format!("resolving {}", path.display()))
+}
+
+/// Waits for the brokers, creates `spec`'s topic and waits until every partition is led;
+/// returns the bootstrap list and the leaders.
+pub(crate) fn prepare(
+    brokers: &mut Brokers,
+    spec: &TopicSpec<'_>,
+    ready: Duration,
+    runtime: &tokio::runtime::Runtime,
+) -> anyhow::Result<(String, Vec<i32>)> {
+    let deadline = Instant::now() + ready;
+    brokers.wait_listening(deadline)?;
+    let bootstrap = brokers.bootstrap();
+    brokers::wait_brokers_listed(brokers, &bootstrap, deadline)?;
+    brokers::create_topic(brokers, runtime, &bootstrap, spec, deadline)?;
+    let leaders = brokers::wait_leaders(brokers, &bootstrap, spec.name, spec.partitions, deadline)?;
+    Ok((bootstrap, leaders))
+}
+
+/// `args.records` records through a fresh producer (idempotent or not) to a new topic.
+pub(crate) fn measure(
     brokers: &mut Brokers,
     args: &ClusterArgs,
     replication_factor: i32,
     setup: &str,
-    ready: Duration,
     runtime: &tokio::runtime::Runtime,
 ) -> anyhow::Result<RunFigures> {
-    let deadline = Instant::now() + ready;
-    brokers.wait_listening(deadline)?;
-    let bootstrap = brokers.bootstrap();
-    wait_brokers_listed(brokers, &bootstrap, deadline)?;
-    create_topic(
-        brokers,
-        runtime,
-        &bootstrap,
-        args.partitions,
+    let load = &args.load;
+    let spec = TopicSpec {
+        name: TOPIC,
+        partitions: load.partitions,
         replication_factor,
-        deadline,
-    )?;
-    let leaders = wait_leaders(brokers, &bootstrap, args.partitions, deadline)?;
-
-    let producer = producer(&bootstrap, args)?;
-    warm_up(&producer, brokers, args, deadline)?;
+        configs: &[],
+    };
+    let ready = Duration::from_secs(load.ready_timeout_s);
+    let (bootstrap, leaders) = prepare(brokers, &spec, ready, runtime)?;
+    let producer = producer(&bootstrap, load)?;
+    warm_up(&producer, brokers, TOPIC, load, Instant::now() + ready)?;
     producer.context().reset();
 
-    let payload = vec![0x61u8; args.record_bytes];
     let first_sent_ns = producer.context().now_ns();
-    for i in 0..args.records {
+    let records = args.records;
+    drive(&producer, TOPIC, load, setup, &mut |sent, _| {
+        sent >= records
+    })?;
+    finish(&producer, brokers, setup, records)?;
+    let ctx = producer.context();
+    let elapsed_ns = ctx
+        .last_ns
+        .load(Ordering::Relaxed)
+        .saturating_sub(first_sent_ns);
+    let ok = ctx.ok.load(Ordering::Relaxed);
+    Ok(RunFigures {
+        setup: setup.to_string(),
+        records: ok,
+        bytes: ok * load.record_bytes as u64,
+        elapsed: Duration::from_nanos(elapsed_ns.max(1)),
+        latency_us: ctx.histogram()?,
+        leaders,
+    })
+}
+
+/// Sends records of `args.record_bytes` round-robin over `topic`'s partitions, at most
+/// `args.in_flight` unacknowledged, until `done(sent, context)` says so (asked before each
+/// record); returns the number sent. Delivery reports are counted by the producer's context.
+pub(crate) fn drive(
+    producer: &BaseProducer<BenchContext>,
+    topic: &str,
+    args: &LoadArgs,
+    setup: &str,
+    done: &mut dyn FnMut(u64, &BenchContext) -> bool,
+) -> anyhow::Result<u64> {
+    let payload = vec![0x61u8; args.record_bytes];
+    let mut i = 0u64;
+    while !done(i, producer.context()) {
         while i.saturating_sub(producer.context().reported()) >= args.in_flight {
             producer.poll(Duration::from_millis(1));
         }
         let partition = (i % args.partitions as u64) as i32;
-        let mut record = BaseRecord::<(), [u8], usize>::with_opaque_to(TOPIC, 0)
+        let mut record = BaseRecord::<(), [u8], usize>::with_opaque_to(topic, 0)
             .payload(&payload[..])
             .partition(partition);
         loop {
@@ -178,394 +232,42 @@ fn measure(
                 Err((e, _)) => bail!("{setup}: producing record {i} failed: {e}"),
             }
         }
-        if i % 1024 == 0 {
+        if i.is_multiple_of(1024) {
             producer.poll(Duration::ZERO);
         }
+        i += 1;
     }
+    Ok(i)
+}
+
+/// Flushes and fails unless every one of `sent` records was acknowledged.
+pub(crate) fn finish(
+    producer: &BaseProducer<BenchContext>,
+    brokers: &mut Brokers,
+    setup: &str,
+    sent: u64,
+) -> anyhow::Result<()> {
     producer
         .flush(Duration::from_secs(300))
         .with_context(|| format!("{setup}: flushing the producer"))?;
     let ctx = producer.context();
     let ok = ctx.ok.load(Ordering::Relaxed);
     let failed = ctx.failed.load(Ordering::Relaxed);
-    if failed > 0 || ok != args.records {
+    if failed > 0 || ok != sent {
         bail!(
-            "{setup}: {ok} of {} records acknowledged, {failed} failed (first error: {})\n{}",
-            args.records,
+            "{setup}: {ok} of {sent} records acknowledged, {failed} failed (first error: {})\n{}",
             ctx.first_error().unwrap_or_else(|| "none".into()),
             brokers.log_tails()
         );
     }
-    brokers.check_alive()?;
-    let elapsed_ns = ctx
-        .last_ns
-        .load(Ordering::Relaxed)
-        .saturating_sub(first_sent_ns);
-    let latency_us = ctx.histogram()?;
-    Ok(RunFigures {
-        setup: setup.to_string(),
-        records: ok,
-        bytes: ok * args.record_bytes as u64,
-        elapsed: Duration::from_nanos(elapsed_ns.max(1)),
-        latency_us,
-        leaders,
-    })
+    brokers.check_alive()
 }
-
-// ---------------------------------------------------------------------------- processes
-
-struct BrokerProcess {
-    id: i32,
-    kafka: String,
-    child: Child,
-    log_path: PathBuf,
-}
-
-/// Broker processes, killed (SIGKILL) when dropped.
-struct Brokers {
-    procs: Vec<BrokerProcess>,
-}
-
-impl Brokers {
-    fn start_cluster(kiln: &Path, root: &Path, size: i32) -> anyhow::Result<Brokers> {
-        std::fs::create_dir_all(root)?;
-        let ports = free_ports(2 * size as usize)?;
-        let peers: Vec<(i32, u16, u16)> = (0..size)
-            .map(|i| {
-                let at = 2 * i as usize;
-                (i + 1, ports[at], ports[at + 1])
-            })
-            .collect();
-        let mut brokers = Brokers { procs: Vec::new() };
-        for &(id, kafka, raft) in &peers {
-            let data_dir = root.join(format!("b{id}"));
-            let mut config = node_config(id, kafka, &data_dir);
-            config.push_str(&format!(
-                "\n[cluster]\nraft_listen = \"127.0.0.1:{raft}\"\ndefault_replication_factor = 3\n\
-                 heartbeat_ms = {HEARTBEAT_MS}\nelection_timeout_min_ms = {ELECTION_TIMEOUT_MIN_MS}\n\
-                 election_timeout_max_ms = {ELECTION_TIMEOUT_MAX_MS}\n"
-            ));
-            for &(peer, peer_kafka, peer_raft) in &peers {
-                config.push_str(&format!(
-                    "\n[[cluster.peers]]\nid = {peer}\nkafka = \"127.0.0.1:{peer_kafka}\"\n\
-                     raft = \"127.0.0.1:{peer_raft}\"\n"
-                ));
-            }
-            brokers.spawn(kiln, root, id, kafka, &config)?;
-        }
-        Ok(brokers)
-    }
-
-    fn start_single(kiln: &Path, root: &Path) -> anyhow::Result<Brokers> {
-        std::fs::create_dir_all(root)?;
-        let ports = free_ports(1)?;
-        let mut brokers = Brokers { procs: Vec::new() };
-        let config = node_config(1, ports[0], &root.join("b1"));
-        brokers.spawn(kiln, root, 1, ports[0], &config)?;
-        Ok(brokers)
-    }
-
-    fn spawn(
-        &mut self,
-        kiln: &Path,
-        root: &Path,
-        id: i32,
-        kafka_port: u16,
-        config: &str,
-    ) -> anyhow::Result<()> {
-        let config_path = root.join(format!("b{id}.toml"));
-        std::fs::write(&config_path, config)
-            .with_context(|| format!("writing {}", config_path.display()))?;
-        let log_path = root.join(format!("b{id}.log"));
-        let log =
-            File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
-        let mut command = Command::new(kiln);
-        command
-            .arg("broker")
-            .arg("--config")
-            .arg(&config_path)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        // Settings come from the file alone: no KILN_* variable of the caller may override them.
-        for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("KILN_") {
-                command.env_remove(name);
-            }
-        }
-        let child = command
-            .spawn()
-            .with_context(|| format!("starting {}", kiln.display()))?;
-        self.procs.push(BrokerProcess {
-            id,
-            kafka: format!("127.0.0.1:{kafka_port}"),
-            child,
-            log_path,
-        });
-        Ok(())
-    }
-
-    fn bootstrap(&self) -> String {
-        self.procs
-            .iter()
-            .map(|p| p.kafka.as_str())
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-
-    /// Fails (with the broker's log) if any broker has exited.
-    fn check_alive(&mut self) -> anyhow::Result<()> {
-        for p in &mut self.procs {
-            if let Some(status) = p.child.try_wait()? {
-                bail!(
-                    "broker {} exited with {status}\n{}",
-                    p.id,
-                    log_tail(&p.log_path)
-                );
-            }
-        }
-        Ok(())
-    }
-
-    fn wait_listening(&mut self, deadline: Instant) -> anyhow::Result<()> {
-        for i in 0..self.procs.len() {
-            loop {
-                self.check_alive()?;
-                if TcpStream::connect(&self.procs[i].kafka).is_ok() {
-                    break;
-                }
-                if Instant::now() >= deadline {
-                    bail!(
-                        "broker {} did not listen on {} in time\n{}",
-                        self.procs[i].id,
-                        self.procs[i].kafka,
-                        log_tail(&self.procs[i].log_path)
-                    );
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-        Ok(())
-    }
-
-    fn log_tails(&self) -> String {
-        self.procs
-            .iter()
-            .map(|p| format!("[broker {}]\n{}", p.id, log_tail(&p.log_path)))
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
-
-    fn kill_all(&mut self) {
-        for p in &mut self.procs {
-            let _ = p.child.kill();
-            let _ = p.child.wait();
-        }
-    }
-}
-
-impl Drop for Brokers {
-    fn drop(&mut self) {
-        self.kill_all();
-    }
-}
-
-/// `n` distinct free loopback ports (all bound at once, then released).
-fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
-    let listeners = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<Vec<_>, _>>()
-        .context("binding 127.0.0.1:0")?;
-    listeners
-        .iter()
-        .map(|l| Ok(l.local_addr()?.port()))
-        .collect()
-}
-
-/// The settings every broker gets: id, Kafka listener, data dir, no metrics endpoint.
-fn node_config(id: i32, kafka_port: u16, data_dir: &Path) -> String {
-    format!(
-        "node_id = {id}\nlisten = \"127.0.0.1:{kafka_port}\"\ndata_dir = {}\nmetrics_listen = \"off\"\n",
-        toml_string(&data_dir.to_string_lossy())
-    )
-}
-
-fn toml_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
-fn log_tail(path: &Path) -> String {
-    let mut text = String::new();
-    if let Ok(mut f) = File::open(path) {
-        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-        let _ = f.seek(SeekFrom::Start(len.saturating_sub(LOG_TAIL_BYTES)));
-        let mut bytes = Vec::new();
-        let _ = f.read_to_end(&mut bytes);
-        text = String::from_utf8_lossy(&bytes).into_owned();
-    }
-    format!("--- {} ---\n{text}\n--- end ---", path.display())
-}
-
-// ---------------------------------------------------------------------------- the cluster
-
-/// Waits until Metadata lists every broker (the cluster has formed).
-fn wait_brokers_listed(
-    brokers: &mut Brokers,
-    bootstrap: &str,
-    deadline: Instant,
-) -> anyhow::Result<()> {
-    let client = admin_client(bootstrap)?;
-    let want = brokers.procs.len();
-    loop {
-        brokers.check_alive()?;
-        let last = match client.inner().fetch_metadata(None, Duration::from_secs(5)) {
-            Ok(md) if md.brokers().len() == want => return Ok(()),
-            Ok(md) => format!("{} of {want} brokers listed", md.brokers().len()),
-            Err(e) => e.to_string(),
-        };
-        if Instant::now() >= deadline {
-            bail!(
-                "the brokers did not list each other in time ({last})\n{}",
-                brokers.log_tails()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// CreateTopics (librdkafka sends it to the controller), retried while there is none yet or it
-/// moves.
-fn create_topic(
-    brokers: &mut Brokers,
-    runtime: &tokio::runtime::Runtime,
-    bootstrap: &str,
-    partitions: i32,
-    replication_factor: i32,
-    deadline: Instant,
-) -> anyhow::Result<()> {
-    let admin = admin_client(bootstrap)?;
-    let topic = NewTopic::new(
-        TOPIC,
-        partitions,
-        TopicReplication::Fixed(replication_factor),
-    );
-    let options = AdminOptions::new()
-        .operation_timeout(Some(Duration::from_secs(10)))
-        .request_timeout(Some(Duration::from_secs(10)));
-    let mut attempt = 0u32;
-    loop {
-        attempt += 1;
-        brokers.check_alive()?;
-        let last = match runtime.block_on(admin.create_topics([&topic], &options)) {
-            Ok(results) => match results.into_iter().next() {
-                Some(Ok(_)) => return Ok(()),
-                // An earlier attempt created it and its answer was lost.
-                Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) if attempt > 1 => {
-                    return Ok(())
-                }
-                Some(Err((_, code))) if !retriable(code) => {
-                    bail!("creating topic {TOPIC} (RF {replication_factor}) failed: {code}")
-                }
-                Some(Err((_, code))) => code.to_string(),
-                None => "no result".to_string(),
-            },
-            Err(e) => e.to_string(),
-        };
-        if Instant::now() >= deadline {
-            bail!(
-                "creating topic {TOPIC} did not succeed in time ({attempt} attempts, last: {last})\n{}",
-                brokers.log_tails()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-fn retriable(code: RDKafkaErrorCode) -> bool {
-    matches!(
-        code,
-        RDKafkaErrorCode::NotController
-            | RDKafkaErrorCode::LeaderNotAvailable
-            | RDKafkaErrorCode::NotLeaderForPartition
-            | RDKafkaErrorCode::RequestTimedOut
-            | RDKafkaErrorCode::BrokerNotAvailable
-            | RDKafkaErrorCode::NotEnoughReplicas
-            | RDKafkaErrorCode::CoordinatorNotAvailable
-            | RDKafkaErrorCode::NotCoordinator
-            | RDKafkaErrorCode::OperationTimedOut
-            | RDKafkaErrorCode::BrokerTransportFailure
-            | RDKafkaErrorCode::AllBrokersDown
-    )
-}
-
-/// Waits until every partition of the topic has a leader; returns the leader of each.
-fn wait_leaders(
-    brokers: &mut Brokers,
-    bootstrap: &str,
-    partitions: i32,
-    deadline: Instant,
-) -> anyhow::Result<Vec<i32>> {
-    let client = admin_client(bootstrap)?;
-    loop {
-        brokers.check_alive()?;
-        let last = match client
-            .inner()
-            .fetch_metadata(Some(TOPIC), Duration::from_secs(5))
-        {
-            Ok(md) => {
-                let led = md.topics().iter().find(|t| t.name() == TOPIC).map(|t| {
-                    let mut leaders = vec![-1; partitions as usize];
-                    for p in t.partitions() {
-                        if p.error().is_none() && (0..partitions).contains(&p.id()) {
-                            leaders[p.id() as usize] = p.leader();
-                        }
-                    }
-                    leaders
-                });
-                match led {
-                    Some(leaders) if leaders.iter().all(|&l| l >= 0) => return Ok(leaders),
-                    Some(leaders) => format!("leaders {leaders:?}"),
-                    None => "topic not listed".to_string(),
-                }
-            }
-            Err(e) => e.to_string(),
-        };
-        if Instant::now() >= deadline {
-            bail!(
-                "not every partition of {TOPIC} had a leader in time ({last})\n{}",
-                brokers.log_tails()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn admin_client(bootstrap: &str) -> anyhow::Result<AdminClient<DefaultClientContext>> {
-    ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("broker.address.family", "v4")
-        .create()
-        .context("creating a librdkafka admin client")
-}
-
-// ---------------------------------------------------------------------------- the producer
 
 /// Counts delivery reports and records each record's latency (the opaque is its send time).
-struct BenchContext {
+pub(crate) struct BenchContext {
     started: Instant,
-    ok: AtomicU64,
-    failed: AtomicU64,
+    pub(crate) ok: AtomicU64,
+    pub(crate) failed: AtomicU64,
     last_ns: AtomicU64,
     latency_us: Mutex<Histogram<u64>>,
     first_error: Mutex<Option<String>>,
@@ -588,7 +290,7 @@ impl BenchContext {
     }
 
     /// Forgets the warm-up's reports.
-    fn reset(&self) {
+    pub(crate) fn reset(&self) {
         self.ok.store(0, Ordering::Relaxed);
         self.failed.store(0, Ordering::Relaxed);
         self.last_ns.store(0, Ordering::Relaxed);
@@ -601,11 +303,11 @@ impl BenchContext {
     }
 
     /// Delivery reports so far, success or failure.
-    fn reported(&self) -> u64 {
+    pub(crate) fn reported(&self) -> u64 {
         self.ok.load(Ordering::Relaxed) + self.failed.load(Ordering::Relaxed)
     }
 
-    fn first_error(&self) -> Option<String> {
+    pub(crate) fn first_error(&self) -> Option<String> {
         self.first_error.lock().ok().and_then(|e| e.clone())
     }
 
@@ -643,13 +345,16 @@ impl ProducerContext for BenchContext {
     }
 }
 
-fn producer(bootstrap: &str, args: &ClusterArgs) -> anyhow::Result<BaseProducer<BenchContext>> {
+pub(crate) fn producer(
+    bootstrap: &str,
+    args: &LoadArgs,
+) -> anyhow::Result<BaseProducer<BenchContext>> {
     ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("broker.address.family", "v4")
         .set("acks", "all")
-        // InitProducerId is not implemented by the broker yet.
-        .set("enable.idempotence", "false")
+        // librdkafka's default is off; with it on, at most 5 requests in flight per connection.
+        .set("enable.idempotence", args.idempotence.to_string())
         .set("linger.ms", args.linger_ms.to_string())
         .set("batch.size", args.batch_bytes.to_string())
         .set("batch.num.messages", "10000")
@@ -663,17 +368,18 @@ fn producer(bootstrap: &str, args: &ClusterArgs) -> anyhow::Result<BaseProducer<
 
 /// One acknowledged record per partition before the clock starts: connections are open and
 /// every leader has taken a write.
-fn warm_up(
+pub(crate) fn warm_up(
     producer: &BaseProducer<BenchContext>,
     brokers: &mut Brokers,
-    args: &ClusterArgs,
+    topic: &str,
+    args: &LoadArgs,
     deadline: Instant,
 ) -> anyhow::Result<()> {
     let payload = vec![0x62u8; args.record_bytes];
     loop {
         producer.context().reset();
         for partition in 0..args.partitions {
-            let record = BaseRecord::<(), [u8], usize>::with_opaque_to(TOPIC, 0)
+            let record = BaseRecord::<(), [u8], usize>::with_opaque_to(topic, 0)
                 .payload(&payload[..])
                 .partition(partition);
             if let Err((e, _)) = producer.send(record) {
@@ -706,11 +412,17 @@ fn warm_up(
 // ---------------------------------------------------------------------------- output
 
 pub fn print(f: &ClusterFigures) {
-    let a = &f.args;
+    let a = &f.args.load;
     println!(
         "cluster  {} records of {} B per run, {} partitions, acks=all, one librdkafka producer \
-         (linger.ms={}, batch.size={}, at most {} records in flight)",
-        a.records, a.record_bytes, a.partitions, a.linger_ms, a.batch_bytes, a.in_flight
+         (linger.ms={}, batch.size={}, at most {} records in flight, idempotence {})",
+        f.args.records,
+        a.record_bytes,
+        a.partitions,
+        a.linger_ms,
+        a.batch_bytes,
+        a.in_flight,
+        a.idempotence
     );
     println!(
         "cluster  leaders at the start: {} -> {:?}, {} -> {:?}",

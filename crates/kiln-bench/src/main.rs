@@ -7,13 +7,26 @@
 //! - `all`: the three, in that order, in one directory.
 //! - `cluster`: three `kiln broker` processes with replication factor 3 beside one standalone
 //!   broker, the same librdkafka producer (acks=all) against each; throughput, latency, ratio.
+//! - `soak`: three brokers under sustained load (throughput beside the disk, memory over
+//!   time), then one killed with SIGKILL and restarted (time to listen, to rejoin every ISR).
+//! - `retention`: what replicas hold once retention has run, and where partitions start.
+//! - `offsets`: a broker's restart time to serve committed offsets, few vs many commits.
+//! - `idempotence`: librdkafka's idempotent producer against the same producer with it off.
+//!
+//! `scripts/bench-produce-vs REV` runs `produce` with this tree's build and an earlier
+//! commit's, alternating, for a ratio measured in one sitting.
 //!
 //! Figures go to stdout as a table; docs/benchmarks.md records a run.
 
+mod brokers;
 mod cluster;
 mod disk;
+mod idempotence;
+mod offsets;
 mod produce;
 mod recovery;
+mod retention;
+mod soak;
 
 pub use produce::encode_batch as produce_batch;
 
@@ -38,6 +51,16 @@ enum Command {
     Recovery(recovery::RecoveryArgs),
     /// Three `kiln broker` processes (RF 3) beside one standalone broker, librdkafka acks=all.
     Cluster(cluster::ClusterArgs),
+    /// Three brokers (RF 3) under sustained acks=all load: throughput beside the disk, memory
+    /// over time, then a broker killed with SIGKILL and restarted.
+    Soak(soak::SoakArgs),
+    /// Retention on three brokers: a topic with short retention and small segments, written,
+    /// left alone, then what each replica still holds and where each partition now starts.
+    Retention(retention::RetentionArgs),
+    /// Restart time of a broker's committed offsets after few and after many commits.
+    Offsets(offsets::OffsetsArgs),
+    /// librdkafka's idempotent producer beside the same producer with it off.
+    Idempotence(idempotence::IdempotenceArgs),
     /// Internal: the child process that `recovery` kills.
     #[command(hide = true)]
     RecoveryFill(recovery::FillArgs),
@@ -74,6 +97,10 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Recovery(args) => recovery::print(&recovery::run(&cli.dir, &args)?),
         Command::Cluster(args) => cluster::print(&cluster::run(&cli.dir, &args, &runtime)?),
+        Command::Soak(args) => soak::run(&cli.dir, &args, &runtime)?,
+        Command::Retention(args) => retention::run(&cli.dir, &args, &runtime)?,
+        Command::Offsets(args) => offsets::run(&cli.dir, &args, &runtime)?,
+        Command::Idempotence(args) => idempotence::run(&cli.dir, &args, &runtime)?,
         Command::RecoveryFill(args) => recovery::fill(&args)?,
         Command::All {
             produce: pa,
