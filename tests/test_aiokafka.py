@@ -14,6 +14,8 @@ test is about a setting (`enable_idempotence=True`, `enable_auto_commit=False`).
   offsets (`committed()`) and resumes exactly there: together they read every record once,
   with its exact key and value, in produce order per partition.
 - The default producer (no idempotence, acks=1) writes and reads back at the acked offsets.
+- Three brokers only: the idempotent producer keeps sending while partition 0's leader is
+  killed with kill -9; every record is acknowledged and in the log once, in order per key.
 
 aiokafka's own log (logger `aiokafka`) is captured; a WARNING or ERROR from it fails the test,
 since against a healthy broker it has nothing to warn about (an error it logs and then
@@ -29,6 +31,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from client_targets import target  # noqa: F401  (the fixture)
+from kiln_testlib import read_partition
 
 STEP_TIMEOUT_S = 30     # one client call or loop
 KEYS = 12
@@ -224,3 +227,51 @@ def test_default_producer_round_trip(target, aiokafka_log):
     got = run(read_all())
     for p, recs in produced.items():
         assert [(r.key, r.value) for r in got[p]] == recs, f"partition {p}"
+
+
+@pytest.mark.timeout(120)
+def test_idempotent_producer_across_leader_kill(request, tmp_path):
+    """Three brokers only: the idempotent producer keeps sending while partition 0's leader
+    is killed with kill -9 (and restarted). Every record is acknowledged, and the log holds
+    each exactly once, each key's in order: retries across the failover were recognised by
+    their sequence numbers. aiokafka's warnings are expected here (a broker died) and shown."""
+    from kiln_cluster import cluster_fixture
+    for cluster in cluster_fixture(request, tmp_path / "cluster"):
+        topic = "aio-failover"
+        leaders = cluster.create_topic(topic, PARTITIONS)
+        victim = leaders[0][0]
+        n = 600
+
+        async def produce():
+            p = AIOKafkaProducer(bootstrap_servers=cluster.addr, enable_idempotence=True)
+            await asyncio.wait_for(p.start(), STEP_TIMEOUT_S)
+            try:
+                futs = []
+                for i in range(n):
+                    key = f"key-{i % KEYS}".encode()
+                    futs.append(await p.send(topic, f"{key.decode()}:{i // KEYS}".encode(), key=key))
+                    if i == n // 3:
+                        await asyncio.gather(*futs)  # a third acknowledged before the kill
+                        cluster.kill9(victim)
+                    await asyncio.sleep(0.002)
+                return await asyncio.wait_for(asyncio.gather(*futs), 60)
+            finally:
+                await p.stop()
+
+        mds = run(produce(), timeout_s=100)
+        new_leader = cluster.wait_leader(topic, 0, exclude=victim)
+        cluster.start(victim)
+        cluster.wait_leaders(topic, PARTITIONS)  # the restarted node knows the topic again
+        print(f"partition 0: leader {victim} killed, new leader and epoch {new_leader}")
+        assert len({(m.partition, m.offset) for m in mds}) == n
+        for part in range(PARTITIONS):
+            recs = read_partition(cluster, topic, part)
+            values = [r.value for r in recs]
+            assert len(values) == len(set(values)), f"partition {part}: duplicates"
+            assert [r.offset for r in recs] == list(range(len(recs)))
+            seq: dict[bytes, int] = {}
+            for r in recs:
+                s = int(r.value.split(b":")[1])
+                assert s == seq.get(r.key, -1) + 1, f"partition {part}: {r.value!r} after {seq.get(r.key)}"
+                seq[r.key] = s
+        assert sum(len(read_partition(cluster, topic, p)) for p in range(PARTITIONS)) == n
