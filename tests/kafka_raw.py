@@ -364,7 +364,8 @@ def fetch_v4(conn: Conn, topic: str, partition: int, offset: int,
 
 class Batch:
     def __init__(self, base_offset: int, attributes: int, last_offset_delta: int,
-                 record_count: int, crc: int, crc_ok: bool):
+                 record_count: int, crc: int, crc_ok: bool, producer_id: int = -1,
+                 producer_epoch: int = -1, base_sequence: int = -1):
         self.base_offset = base_offset
         self.attributes = attributes
         self.codec = attributes & 0x7
@@ -372,10 +373,15 @@ class Batch:
         self.record_count = record_count
         self.crc = crc
         self.crc_ok = crc_ok
+        # -1, -1, -1 unless an idempotent producer wrote the batch.
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self.base_sequence = base_sequence
 
     def __repr__(self):
         return (f"Batch(base={self.base_offset}, codec={self.codec}, count={self.record_count}, "
-                f"crc_ok={self.crc_ok})")
+                f"crc_ok={self.crc_ok}, producer={self.producer_id}/{self.producer_epoch}, "
+                f"seq={self.base_sequence})")
 
 
 def parse_batches(data: bytes) -> list[Batch]:
@@ -392,7 +398,8 @@ def parse_batches(data: bytes) -> list[Batch]:
         assert magic == 2, f"batch at offset {base} has magic {magic}"
         (crc,) = struct.unpack_from(">I", data, pos + 17)
         attrs, last_delta = struct.unpack_from(">hi", data, pos + 21)
-        (count,) = struct.unpack_from(">i", data, pos + 57)
-        out.append(Batch(base, attrs, last_delta, count, crc, crc32c(data[pos + 21:end]) == crc))
+        pid, pepoch, seq, count = struct.unpack_from(">qhii", data, pos + 43)
+        out.append(Batch(base, attrs, last_delta, count, crc, crc32c(data[pos + 21:end]) == crc,
+                         pid, pepoch, seq))
         pos = end
     return out

@@ -115,6 +115,10 @@ def test_kill9_loses_no_acknowledged_record(broker):
 
     p = rdk_producer(broker, **{
         "acks": "all",
+        # No retries on purpose: an acknowledged record was sent exactly once, so "present
+        # exactly once at its acked offset" checks the broker alone. librdkafka's idempotence
+        # needs retries, so it is off for that reason only (test_cluster_chaos.py runs an
+        # idempotent producer through kill -9s).
         "enable.idempotence": False,
         "message.send.max.retries": 0,
         "message.timeout.ms": 10000,

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+import kafka_raw
 from kiln_testlib import create_topic, free_port, kiln, kiln_bin, clean_env, rdk_consumer
 
 try:
@@ -190,6 +191,31 @@ def dead_letter_two_nodes(broker, tmp_path: Path, db_url: str) -> None:
     finally:
         agent.terminate()
         agent.wait(timeout=15)
+    # Kiln's own producers are idempotent (kiln_queue::producer_client_config): every batch
+    # intake wrote (first attempts) and the agent wrote (retries, dead letters) carries a
+    # producer id, with sequences contiguous per producer and partition.
+    nodes = idempotent_producers(broker, "kiln.nodes", 2)
+    dlq = idempotent_producers(broker, "kiln.nodes.dlq", 1)
+    assert len(nodes) == 2, f"kiln.nodes: expected intake's and the agent's producer, got {nodes}"
+    assert len(dlq) == 1 and dlq <= nodes, f"kiln.nodes.dlq written by {dlq}, kiln.nodes by {nodes}"
+
+
+def idempotent_producers(broker, topic: str, partitions: int) -> set[int]:
+    """The producer ids on the topic's batches (raw Fetch); fails on a batch without one."""
+    pids: set[int] = set()
+    for part in range(partitions):
+        with kafka_raw.Conn(broker.addr) as c:
+            err, hw, data = kafka_raw.fetch_v4(c, topic, part, 0, max_bytes=16 * 1024 * 1024)
+        assert err == 0, f"Fetch {topic}/{part}: error {err}"
+        batches = kafka_raw.parse_batches(data)
+        assert sum(b.record_count for b in batches) == hw, (topic, part, hw, batches)
+        next_seq: dict[int, int] = {}
+        for b in batches:
+            assert b.producer_id >= 0, f"{topic}/{part}: batch without a producer id: {b}"
+            assert b.base_sequence == next_seq.get(b.producer_id, 0), f"{topic}/{part}: {b}"
+            next_seq[b.producer_id] = b.base_sequence + b.record_count
+            pids.add(b.producer_id)
+    return pids
 
 
 def dlq_high(broker) -> int:

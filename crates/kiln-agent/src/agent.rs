@@ -167,20 +167,16 @@ pub async fn run_agent(
         )
     })??;
 
-    let mut pc = ClientConfig::new();
-    pc.set("bootstrap.servers", &config.bootstrap)
-        .set("client.id", format!("kiln-agent-{}", config.agent_id))
-        .set("acks", "all")
-        // Retries and dead letters written once and in order, across failovers too.
-        .set("enable.idempotence", "true")
-        .set("max.in.flight.requests.per.connection", "5")
-        .set("partitioner", "murmur2_random")
-        .set("linger.ms", "5")
-        .set("message.timeout.ms", config.step_timeout_ms.to_string());
-    for (k, v) in &config.kafka {
-        pc.set(k, v);
-    }
-    let producer: FutureProducer = pc.create().context("creating the producer")?;
+    // Intake's producer settings (kiln_queue): idempotent, so retries and dead letters are
+    // written once and in order, across failovers too; the same partitioner as intake.
+    let producer: FutureProducer = kiln_queue::producer_client_config(
+        &config.bootstrap,
+        &format!("kiln-agent-{}", config.agent_id),
+        config.step_timeout_ms,
+        &config.kafka,
+    )?
+    .create()
+    .context("creating the producer")?;
 
     let agent_metrics = Arc::new(AgentMetrics::new(&config.agent_id, &config.group));
     let metrics_task = metrics::bind(&config.metrics_listen)

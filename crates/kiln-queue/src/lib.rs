@@ -2,7 +2,9 @@
 //! (the `rdkafka` crate), so intake and the agents work against Kiln's broker, Apache Kafka or
 //! Redpanda alike.
 //!
-//! Producer settings and why:
+//! Producer settings and why ([`producer_client_config`], used by intake's [`NodeProducer`]
+//! and by the agents' producer of retries and dead letters, so every producer Kiln runs is
+//! idempotent; a configuration that tries to turn idempotence off or lower `acks` is refused):
 //! - `acks=all`: a node is registered only once the broker has it durably.
 //! - `enable.idempotence=true`: a batch librdkafka retries (a lost answer, a leader failover)
 //!   is recognised by its producer id and sequence numbers and written once, and a retry never
@@ -170,21 +172,60 @@ pub struct NodeProducer {
 const QUEUE_FULL_WAIT: Duration = Duration::from_secs(30);
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Settings an `extra` entry may not change in [`producer_client_config`], with the value
+/// Kiln's producers need: turning idempotence off would let a retried batch be written twice
+/// or overtake a later one, and idempotence needs acks from every in-sync replica.
+const FIXED_PRODUCER_SETTINGS: [(&str, &str); 2] =
+    [("enable.idempotence", "true"), ("acks", "all")];
+
+/// The librdkafka configuration of every Kiln producer (intake's [`NodeProducer`], the agents'
+/// retry and dead-letter producer): idempotent, acks=all, murmur2 partitioner (see the crate
+/// docs). `extra` entries are applied after the defaults, so they override them (e.g.
+/// `security.protocol`), except that `enable.idempotence` and `acks` must keep their values
+/// ("true"/"all", any case): anything else is refused with [`QueueError::Config`].
+pub fn producer_client_config<'a>(
+    bootstrap: &str,
+    client_id: &str,
+    message_timeout_ms: u64,
+    extra: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> Result<ClientConfig, QueueError> {
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", bootstrap)
+        .set("client.id", client_id)
+        .set("max.in.flight.requests.per.connection", "5")
+        .set("partitioner", "murmur2_random")
+        .set("linger.ms", "5")
+        .set("queue.buffering.max.messages", "200000")
+        .set("message.timeout.ms", message_timeout_ms.to_string());
+    for (k, v) in FIXED_PRODUCER_SETTINGS {
+        cc.set(k, v);
+    }
+    for (k, v) in extra {
+        let fixed = FIXED_PRODUCER_SETTINGS
+            .iter()
+            .find(|(fk, _)| fk.eq_ignore_ascii_case(k.trim()));
+        if let Some((fk, fv)) = fixed {
+            let same = v.trim().eq_ignore_ascii_case(fv) || (*fk == "acks" && v.trim() == "-1");
+            if !same {
+                return Err(QueueError::Config(format!(
+                    "{k}={v} is refused: Kiln's producers are idempotent ({fk} is always {fv})"
+                )));
+            }
+            continue;
+        }
+        cc.set(k, v);
+    }
+    Ok(cc)
+}
+
 impl NodeProducer {
     pub fn new(config: ProducerConfig) -> Result<Self, QueueError> {
-        let mut cc = ClientConfig::new();
-        cc.set("bootstrap.servers", &config.bootstrap)
-            .set("client.id", &config.client_id)
-            .set("acks", "all")
-            .set("enable.idempotence", "true")
-            .set("max.in.flight.requests.per.connection", "5")
-            .set("partitioner", "murmur2_random")
-            .set("linger.ms", "5")
-            .set("queue.buffering.max.messages", "200000")
-            .set("message.timeout.ms", config.message_timeout_ms.to_string());
-        for (k, v) in &config.extra {
-            cc.set(k, v);
-        }
+        let cc = producer_client_config(
+            &config.bootstrap,
+            &config.client_id,
+            config.message_timeout_ms.into(),
+            config.extra.iter().map(|(k, v)| (k, v)),
+        )?;
         let inner: FutureProducer = cc.create().map_err(|e| QueueError::Config(e.to_string()))?;
         Ok(NodeProducer { inner, config })
     }
@@ -410,5 +451,63 @@ mod tests {
             NodeMessage::decode(&bytes),
             Err(DecodeError::Malformed(_))
         ));
+    }
+
+    fn extra(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn build(pairs: &[(&str, &str)]) -> Result<ClientConfig, QueueError> {
+        let e = extra(pairs);
+        producer_client_config("127.0.0.1:9092", "t", 1000, e.iter().map(|(k, v)| (k, v)))
+    }
+
+    #[test]
+    fn producers_are_idempotent_with_acks_all() {
+        let cc = build(&[]).expect("config");
+        assert_eq!(cc.get("enable.idempotence"), Some("true"));
+        assert_eq!(cc.get("acks"), Some("all"));
+        // librdkafka's limit for idempotence is 5 in flight; more would be refused by it.
+        assert_eq!(cc.get("max.in.flight.requests.per.connection"), Some("5"));
+        assert_eq!(cc.get("partitioner"), Some("murmur2_random"));
+        // NodeProducer (intake) goes through the same builder: creating one must not fail.
+        let p = NodeProducer::new(ProducerConfig::new("127.0.0.1:9")).expect("producer");
+        assert_eq!(p.config().client_id, "kiln-intake");
+    }
+
+    #[test]
+    fn extra_settings_override_all_but_idempotence() {
+        let cc = build(&[
+            ("security.protocol", "plaintext"),
+            ("linger.ms", "20"),
+            ("enable.idempotence", "TRUE"),
+            ("acks", "-1"),
+        ])
+        .expect("config");
+        assert_eq!(cc.get("security.protocol"), Some("plaintext"));
+        assert_eq!(cc.get("linger.ms"), Some("20"));
+        assert_eq!(cc.get("enable.idempotence"), Some("true"));
+        assert_eq!(cc.get("acks"), Some("all"));
+        for bad in [
+            ("enable.idempotence", "false"),
+            ("acks", "1"),
+            (" Acks ", "0"),
+        ] {
+            match build(&[bad]) {
+                Err(QueueError::Config(m)) => {
+                    assert!(m.contains("idempotent"), "{m}");
+                }
+                Err(e) => panic!("{bad:?}: {e}"),
+                Ok(_) => panic!("{bad:?} accepted"),
+            }
+            let config = ProducerConfig {
+                extra: extra(&[bad]),
+                ..ProducerConfig::new("127.0.0.1:9")
+            };
+            assert!(NodeProducer::new(config).is_err(), "{bad:?}");
+        }
     }
 }

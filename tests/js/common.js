@@ -1,0 +1,57 @@
+// Shared by the kafkajs scripts that tests/test_kafkajs.py runs: a Kafka client for the
+// bootstrap list on the command line, with kafkajs' log captured, and the one JSON line each
+// script prints on stdout.
+//
+// Every kafkajs log entry is written to stderr (pytest shows it with a failing test). Entries
+// at WARN or ERROR are also returned in the JSON as `problems`: against a healthy broker
+// kafkajs has nothing to warn about, so the tests fail on any of them (an error kafkajs logs
+// and then retries past would otherwise hide a broker gap).
+'use strict';
+
+// kafkajs 2.x prints a one-time notice that its default partitioner changed in 2.0 (to the
+// Java client's murmur2 one, the partitioner used here); it says nothing about the broker.
+process.env.KAFKAJS_NO_PARTITIONER_WARNING = '1';
+
+const { Kafka, logLevel } = require('kafkajs');
+
+const problems = [];
+
+function logCreator() {
+  return ({ namespace, level, label, log }) => {
+    const { message, ...extra } = log;
+    const line = `${label} [${namespace}] ${message} ${JSON.stringify(extra)}`;
+    process.stderr.write(line + '\n');
+    if (level === logLevel.ERROR || level === logLevel.WARN) problems.push(line);
+  };
+}
+
+function client(bootstrap, clientId) {
+  return new Kafka({
+    clientId,
+    brokers: bootstrap.split(','),
+    logLevel: logLevel.INFO,
+    logCreator,
+  });
+}
+
+// Prints `result` plus the captured problems as one JSON line and exits 0; a thrown error
+// prints {"error": ...} and exits 1.
+function main(fn) {
+  const deadline = setTimeout(() => {
+    process.stdout.write(JSON.stringify({ error: 'script timed out after 60 s', problems }) + '\n');
+    process.exit(2);
+  }, 60000);
+  fn()
+    .then((result) => {
+      clearTimeout(deadline);
+      process.stdout.write(JSON.stringify({ ...result, problems }) + '\n');
+      process.exit(0);
+    })
+    .catch((e) => {
+      clearTimeout(deadline);
+      process.stdout.write(JSON.stringify({ error: `${e.name}: ${e.message}`, stack: e.stack, problems }) + '\n');
+      process.exit(1);
+    });
+}
+
+module.exports = { client, main, problems };
