@@ -537,3 +537,69 @@ async fn an_idempotent_producers_retry_after_a_failover_is_written_once() {
         "nine records before the failover, one after, nothing twice"
     );
 }
+
+/// The error code Metadata gives for `topic` at this connection's broker (0: listed).
+async fn metadata_topic_error(conn: &mut Connection, topic: &str) -> i16 {
+    let request = MetadataRequest::default()
+        .with_topics(Some(vec![metadata_request::MetadataRequestTopic::default(
+        )
+        .with_name(Some(topic_name(topic)))]))
+        .with_allow_auto_topic_creation(false);
+    let ResponseKind::Metadata(r) = conn
+        .call_at(9, RequestKind::Metadata(request), T)
+        .await
+        .unwrap()
+    else {
+        panic!("Metadata")
+    };
+    assert_eq!(r.topics.len(), 1);
+    r.topics[0].error_code
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_broker_never_calls_a_topic_it_missed_unknown_before_it_has_caught_up() {
+    let mut c = Cluster::start().await;
+    // Broker 3 must not be the controller, so that two others are left to commit.
+    let mut controller = c.controller().await;
+    if controller == 3 {
+        c.stop(3).await;
+        c.restart(3).await;
+        controller = c.controller().await;
+    }
+    assert_ne!(controller, 3);
+    c.until("broker 3 to catch up", |c| {
+        c.by_id(3).broker.cluster.is_current().then_some(())
+    })
+    .await;
+    c.stop(3).await;
+    let mut conn = c.by_id(controller).connect().await;
+    assert_eq!(create(&mut conn, "missed", 1).await, 0);
+    drop(conn);
+    // Broker 3 comes back alone: it cannot learn of "missed", and must not deny it exists.
+    for id in [1, 2] {
+        c.stop(id).await;
+    }
+    c.restart(3).await;
+    let mut conn = c.by_id(3).connect().await;
+    for _ in 0..20 {
+        assert_eq!(
+            metadata_topic_error(&mut conn, "missed").await,
+            ResponseError::LeaderNotAvailable.code(),
+            "a broker that has not caught up answers a topic it does not know as retriable"
+        );
+        assert!(!c.by_id(3).broker.cluster.is_current());
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // Its peers return: it catches up, lists the topic, and now knows what does not exist.
+    c.restart(1).await;
+    c.restart(2).await;
+    c.until("broker 3 to catch up", |c| {
+        c.by_id(3).broker.cluster.is_current().then_some(())
+    })
+    .await;
+    assert_eq!(metadata_topic_error(&mut conn, "missed").await, 0);
+    assert_eq!(
+        metadata_topic_error(&mut conn, "never-created").await,
+        ResponseError::UnknownTopicOrPartition.code()
+    );
+}

@@ -45,6 +45,12 @@ pub enum Command {
         node: i32,
         count: u32,
     },
+    /// Broker `node`, in its run `boot`, has applied the metadata log up to here once it applies
+    /// this (`cluster/fence.rs`): until then it may not tell a client a topic does not exist.
+    Fence {
+        node: i32,
+        boot: u64,
+    },
 }
 
 /// One RecordBatch v2 holding `command` as its only record.
@@ -128,6 +134,9 @@ pub struct MetadataState {
     /// Each broker's latest block of producer ids: (first id, count).
     #[serde(default)]
     pub producer_id_blocks: BTreeMap<i32, (i64, u32)>,
+    /// Each broker's latest fence: the run (`boot`) that proposed it (`cluster/fence.rs`).
+    #[serde(default)]
+    pub fences: BTreeMap<i32, u64>,
     /// The Kafka offset after the last applied record: the controller waits for its own
     /// commands to pass it.
     pub applied_offset: i64,
@@ -232,6 +241,9 @@ fn apply_command(state: &mut MetadataState, command: Command) {
                     "a producer id block that does not fit; ignored"
                 ),
             }
+        }
+        Command::Fence { node, boot } => {
+            state.fences.insert(node, boot);
         }
     }
 }

@@ -12,6 +12,7 @@
 //! replica of. A reconciler follows the metadata table and opens or stops replicas as topics
 //! come and go. docs/replication.md describes the whole.
 
+mod fence;
 pub mod join;
 pub mod metadata;
 pub mod producer_ids;
@@ -125,6 +126,10 @@ pub struct Cluster {
     producer_ids: tokio::sync::Mutex<producer_ids::Cursor>,
     /// Nodes whose registration this broker (as controller) is proposing.
     registering: std::sync::Mutex<std::collections::BTreeSet<i32>>,
+    /// This run of the broker, named in its fence (`fence.rs`).
+    boot: u64,
+    /// Set once this run's fence is applied and acted on (`fence.rs`).
+    current: std::sync::atomic::AtomicBool,
     /// The Raft listener, the reconciler and the cluster-id task, stopped by `shutdown`.
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
@@ -271,6 +276,8 @@ impl Cluster {
             controller_lock: tokio::sync::Mutex::new(()),
             on_cluster_id: p.on_cluster_id,
             registering: std::sync::Mutex::new(Default::default()),
+            boot: Uuid::new_v4().as_u64_pair().0,
+            current: std::sync::atomic::AtomicBool::new(false),
             producer_ids: tokio::sync::Mutex::new(Default::default()),
             tasks: std::sync::Mutex::new(Vec::new()),
         });
@@ -279,6 +286,7 @@ impl Cluster {
         let mut tasks = vec![
             tokio::spawn(reconcile(cluster.clone())),
             tokio::spawn(ensure_cluster_id(cluster.clone())),
+            tokio::spawn(fence::fence_self(cluster.clone())),
         ];
         if let Some(listener) = listener {
             tasks.push(tokio::spawn(register::register_self(
@@ -305,10 +313,11 @@ impl Cluster {
     }
 
     /// True once the metadata table is applied and acted on through its high watermark and
-    /// every replica this broker holds knows its leader (what a broker of one waits for).
+    /// its fence (`fence.rs`), and every replica this broker holds knows its leader (what a
+    /// broker of one waits for).
     pub fn ready_alone(&self) -> bool {
         let caught_up = *self.reconciled.borrow() >= self.metadata.partition.high_watermark();
-        caught_up && self.replicas().iter().all(|r| r.leader().0 >= 0)
+        caught_up && self.is_current() && self.replicas().iter().all(|r| r.leader().0 >= 0)
     }
 
     /// Each broker's registered data-directory incarnation, by node id (`cluster/join.rs`).
@@ -633,6 +642,7 @@ async fn reconcile(cluster: Arc<Cluster>) {
             reported = state.cluster_id.clone();
         }
         cluster.reconciled.send_replace(state.applied_offset);
+        cluster.note_fence(&state);
         if changes.changed().await.is_err() {
             return;
         }

@@ -92,8 +92,8 @@ impl Cluster {
         }
     }
 
-    /// A proposal another broker forwarded (`RaftGroups::forward`): only producer id blocks for
-    /// a configured peer, and only on the controller.
+    /// A proposal another broker forwarded (`RaftGroups::forward`): only producer id blocks and
+    /// fences (`fence.rs`) for a configured peer, and only on the controller.
     pub(super) async fn take_forwarded(
         self: Arc<Self>,
         group: String,
@@ -104,13 +104,19 @@ impl Cluster {
         }
         let command: Command = serde_json::from_slice(&payload)
             .map_err(|e| format!("a forwarded proposal that does not parse: {e}"))?;
-        let Command::AllocateProducerIds { node, count } = command else {
-            return Err("only producer id blocks may be forwarded".into());
-        };
-        if !self.brokers.iter().any(|b| b.id == node) || count != PRODUCER_ID_BLOCK {
-            return Err(format!(
-                "a block of {count} producer ids for node {node} is not one to give"
-            ));
+        match command {
+            Command::AllocateProducerIds { node, count } => {
+                if !self.brokers.iter().any(|b| b.id == node) || count != PRODUCER_ID_BLOCK {
+                    return Err(format!(
+                        "a block of {count} producer ids for node {node} is not one to give"
+                    ));
+                }
+            }
+            Command::Fence { node, .. } if !self.fence_for_peer(&command) => {
+                return Err(format!("a fence for node {node}, which is not a peer"));
+            }
+            Command::Fence { .. } => {}
+            _ => return Err("only producer id blocks and fences may be forwarded".into()),
         }
         if !self.metadata.is_leader() {
             return Err(format!(

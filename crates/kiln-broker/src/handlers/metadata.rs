@@ -1,6 +1,8 @@
 //! Metadata: every broker of the cluster, the controller, and per partition the leader and
 //! epoch as this broker's replica knows them. The cluster id is the replicated one (persisted
-//! by every broker once learnt); before a new cluster has named itself it is null.
+//! by every broker once learnt); before a new cluster has named itself it is null. A topic this
+//! broker does not know is UNKNOWN_TOPIC_OR_PARTITION only once it has caught up with the
+//! metadata log (`cluster/fence.rs`); before, LEADER_NOT_AVAILABLE.
 
 use std::sync::Arc;
 
@@ -41,8 +43,11 @@ pub async fn handle(
                     out.push(describe(&cluster, &topic));
                     continue;
                 }
-                let code = if broker.config.auto_create_topics && request.allow_auto_topic_creation
-                {
+                let code = if !cluster.is_current() {
+                    // Not caught up with the metadata log yet (`cluster/fence.rs`): the topic
+                    // may exist; the client asks again.
+                    Some(ResponseError::LeaderNotAvailable)
+                } else if broker.config.auto_create_topics && request.allow_auto_topic_creation {
                     // Only the controller creates; elsewhere the client is told to ask again
                     // (it refreshes metadata and reaches the controller in time).
                     match cluster
