@@ -251,7 +251,9 @@ fn apply_command(state: &mut MetadataState, command: Command) {
             Some(t) if t.id == id && t.assignments.len() == from as usize => {
                 t.assignments.extend(assignments)
             }
-            _ => tracing::warn!(topic = %name, from, "partitions added to a topic that changed or is gone; ignored"),
+            _ => {
+                tracing::warn!(topic = %name, from, "partitions added to a topic that changed or is gone; ignored")
+            }
         },
         Command::AllocateProducerIds { node, count } => {
             let first = state.next_producer_id;

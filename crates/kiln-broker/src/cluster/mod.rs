@@ -97,6 +97,9 @@ pub enum ClusterError {
     InvalidReplicationFactor(String),
     #[error("{0}")]
     InvalidConfig(String),
+    /// A request Kiln does not carry out as asked (an operation that does not apply).
+    #[error("{0}")]
+    InvalidRequest(String),
     #[error("the metadata log did not take the change: {0}")]
     NotCommitted(String),
     #[error("timed out waiting for the change to be applied")]
@@ -489,7 +492,11 @@ impl Cluster {
 
     /// The settings a topic record resolves to here; the broker defaults (logged) when its
     /// overrides are not valid on this broker (written by a broker of another version).
-    fn resolve_settings(&self, name: &str, record: &metadata::TopicRecord) -> Option<TopicSettings> {
+    fn resolve_settings(
+        &self,
+        name: &str,
+        record: &metadata::TopicRecord,
+    ) -> Option<TopicSettings> {
         match topic_config::resolve(
             &self.log_defaults,
             self.default_max_batch_bytes,

@@ -128,7 +128,10 @@ impl Cluster {
         // Partitions are only ever added (CreatePartitions refuses to shrink, the command
         // only extends).
         if record.assignments.len() < replicas.len() {
-            debug_assert!(false, "a topic record with fewer partitions than its open topic");
+            debug_assert!(
+                false,
+                "a topic record with fewer partitions than its open topic"
+            );
             tracing::error!(topic = %topic.name, "the metadata log shrank a topic; ignored");
             return;
         }
