@@ -140,7 +140,11 @@ fn describe(cluster: &Cluster, topic: &ClusterTopic) -> MetadataResponseTopic {
 
 /// DescribeCluster: the same brokers, cluster id and controller as Metadata. Kiln has one
 /// listener per broker, so every endpoint type gets the same addresses; no broker is fenced.
-pub fn describe_cluster(broker: &Broker, cluster: &Cluster) -> DescribeClusterResponse {
+pub fn describe_cluster(
+    broker: &Broker,
+    cluster: &Cluster,
+    include_operations: bool,
+) -> DescribeClusterResponse {
     let brokers = cluster
         .brokers
         .iter()
@@ -157,6 +161,6 @@ pub fn describe_cluster(broker: &Broker, cluster: &Cluster) -> DescribeClusterRe
         ))
         .with_controller_id(BrokerId(cluster.controller()))
         .with_brokers(brokers)
-        // Kafka's "not requested" value: Kiln has no ACLs.
-        .with_cluster_authorized_operations(i32::MIN)
+        // Kafka's value when they were not requested (Kiln has no ACLs; asked for, none).
+        .with_cluster_authorized_operations(if include_operations { 0 } else { i32::MIN })
 }

@@ -68,8 +68,8 @@ pub fn dispatch(broker: &Arc<Broker>, request: DecodedRequest) -> Reply {
         RequestKind::AlterConfigs(req) => configs::alter_configs(cluster, req),
         RequestKind::CreatePartitions(req) => partitions::create_partitions(cluster, req),
         RequestKind::DeleteRecords(req) => partitions::delete_records(cluster, req),
-        RequestKind::DescribeCluster(_) => Reply::Now(Box::new(ResponseKind::DescribeCluster(
-            metadata::describe_cluster(broker, cluster),
+        RequestKind::DescribeCluster(req) => Reply::Now(Box::new(ResponseKind::DescribeCluster(
+            metadata::describe_cluster(broker, cluster, req.include_cluster_authorized_operations),
         ))),
         body => {
             let serving = broker.groups.store().is_serving();
