@@ -43,6 +43,7 @@ pub fn cluster_error_code(error: &ClusterError) -> ResponseError {
         ClusterError::InvalidPartitions(_) => ResponseError::InvalidPartitions,
         ClusterError::InvalidReplicationFactor(_) => ResponseError::InvalidReplicationFactor,
         ClusterError::InvalidConfig(_) => ResponseError::InvalidConfig,
+        ClusterError::InvalidRequest(_) => ResponseError::InvalidRequest,
         ClusterError::NotCommitted(_) => ResponseError::NotController,
         ClusterError::Timeout => ResponseError::RequestTimedOut,
     }

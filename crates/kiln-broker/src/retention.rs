@@ -26,11 +26,9 @@ pub async fn apply_once(broker: &Broker) {
     let now = now_ms();
     for topic in broker.cluster.topics() {
         let log = &topic.settings.log;
+        // Without retention limits the timer still purges segments DeleteRecords emptied.
         let retention_ms = u64::try_from(log.retention_ms).ok();
         let retention_bytes = u64::try_from(log.retention_bytes).ok();
-        if retention_ms.is_none() && retention_bytes.is_none() {
-            continue;
-        }
         for index in 0..topic.partition_count() {
             let Some(replica) = broker.cluster.partition(&topic, index) else {
                 continue;
@@ -49,7 +47,11 @@ pub async fn apply_once(broker: &Broker) {
                 kafka_offset: log_start_offset,
                 index: through_index,
                 ..
-            } = command;
+            } = command
+            else {
+                debug_assert!(false, "retention_command proposes log starts only");
+                continue;
+            };
             let receiver = replica.proposer().submit_command(command);
             match tokio::time::timeout(PROPOSE_WAIT, receiver).await {
                 Ok(Ok(Ok(_))) => {

@@ -49,6 +49,25 @@ pub const TOPIC_CONFIG_KEYS: &[&str] = &[
     "max.message.bytes",
 ];
 
+/// The topic configs whose values are comma-separated lists (IncrementalAlterConfigs'
+/// APPEND and SUBTRACT apply to these only).
+pub const LIST_CONFIG_KEYS: &[&str] = &["cleanup.policy"];
+
+/// Every key of [`TOPIC_CONFIG_KEYS`] with its effective value, in that order (DescribeConfigs).
+pub fn effective(settings: &TopicSettings) -> Vec<(&'static str, String)> {
+    let log = &settings.log;
+    let values = [
+        "delete".to_string(),
+        log.retention_ms.to_string(),
+        log.retention_bytes.to_string(),
+        log.segment_bytes.to_string(),
+        log.segment_ms.to_string(),
+        log.index_interval_bytes.to_string(),
+        settings.max_batch_bytes.to_string(),
+    ];
+    TOPIC_CONFIG_KEYS.iter().copied().zip(values).collect()
+}
+
 /// A topic's effective settings: broker defaults with the topic's overrides applied.
 #[derive(Debug, Clone)]
 pub struct TopicSettings {
@@ -141,6 +160,18 @@ mod tests {
         assert!(validate_topic_name("..").is_err());
         assert!(validate_topic_name("a/b").unwrap_err().contains("'/'"));
         assert!(validate_topic_name(&"x".repeat(250)).is_err());
+    }
+
+    #[test]
+    fn every_key_has_an_effective_value() {
+        let s = resolve(&LogSettings::default(), 100, &BTreeMap::new()).unwrap();
+        let e = effective(&s);
+        assert_eq!(e.len(), TOPIC_CONFIG_KEYS.len());
+        assert!(e.contains(&("max.message.bytes", "100".to_string())));
+        // Every effective value is one `resolve` takes back.
+        let all: BTreeMap<String, String> =
+            e.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        assert!(resolve(&LogSettings::default(), 100, &all).is_ok());
     }
 
     #[test]

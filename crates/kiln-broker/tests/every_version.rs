@@ -108,6 +108,79 @@ fn request(api: ApiKey, version: i16, topic: &str) -> RequestKind {
                 .with_producer_id(ProducerId(-1))
                 .with_producer_epoch(-1),
         ),
+        ApiKey::DescribeConfigs => {
+            RequestKind::DescribeConfigs(DescribeConfigsRequest::default().with_resources(vec![
+                describe_configs_request::DescribeConfigsResource::default()
+                    .with_resource_type(2)
+                    .with_resource_name(StrBytes::from_string(topic.to_string()))
+                    .with_configuration_keys(None),
+            ]))
+        }
+        ApiKey::AlterConfigs => {
+            RequestKind::AlterConfigs(AlterConfigsRequest::default().with_resources(vec![
+                alter_configs_request::AlterConfigsResource::default()
+                    .with_resource_type(2)
+                    .with_resource_name(StrBytes::from_string(topic.to_string()))
+                    .with_configs(vec![alter_configs_request::AlterableConfig::default()
+                        .with_name(StrBytes::from_static_str("retention.ms"))
+                        .with_value(Some(StrBytes::from_string(format!(
+                            "{}",
+                            86_400_000 + version as i64
+                        ))))]),
+            ]))
+        }
+        ApiKey::IncrementalAlterConfigs => RequestKind::IncrementalAlterConfigs(
+            IncrementalAlterConfigsRequest::default().with_resources(vec![
+                incremental_alter_configs_request::AlterConfigsResource::default()
+                    .with_resource_type(2)
+                    .with_resource_name(StrBytes::from_string(topic.to_string()))
+                    .with_configs(vec![
+                        incremental_alter_configs_request::AlterableConfig::default()
+                            .with_name(StrBytes::from_static_str("segment.ms"))
+                            .with_config_operation(0)
+                            .with_value(Some(StrBytes::from_string(format!(
+                                "{}",
+                                3_600_000 + version as i64
+                            )))),
+                    ]),
+            ]),
+        ),
+        // Each version raises the count by one.
+        ApiKey::CreatePartitions => RequestKind::CreatePartitions(
+            CreatePartitionsRequest::default()
+                .with_timeout_ms(5000)
+                .with_topics(vec![
+                    create_partitions_request::CreatePartitionsTopic::default()
+                        .with_name(name(topic))
+                        .with_count(i32::from(version) + 2)
+                        .with_assignments(None),
+                ]),
+        ),
+        // Each version moves the log start to version + 1.
+        ApiKey::DeleteRecords => RequestKind::DeleteRecords(
+            DeleteRecordsRequest::default()
+                .with_timeout_ms(5000)
+                .with_topics(vec![delete_records_request::DeleteRecordsTopic::default()
+                    .with_name(name(topic))
+                    .with_partitions(vec![
+                        delete_records_request::DeleteRecordsPartition::default()
+                            .with_partition_index(0)
+                            .with_offset(i64::from(version) + 1),
+                    ])]),
+        ),
+        ApiKey::DescribeCluster => RequestKind::DescribeCluster(DescribeClusterRequest::default()),
+        ApiKey::OffsetDelete => RequestKind::OffsetDelete(
+            OffsetDeleteRequest::default()
+                .with_group_id(GroupId(StrBytes::from_static_str("absent")))
+                .with_topics(vec![
+                    offset_delete_request::OffsetDeleteRequestTopic::default()
+                        .with_name(name(topic))
+                        .with_partitions(vec![
+                            offset_delete_request::OffsetDeleteRequestPartition::default()
+                                .with_partition_index(0),
+                        ]),
+                ]),
+        ),
         other => panic!("no sample request for {other:?}"),
     }
 }
@@ -168,6 +241,26 @@ async fn every_supported_version_is_answered() {
                 ResponseKind::ListOffsets(r) => {
                     let p = &r.topics[0].partitions[0];
                     p.error_code == 0 && p.offset == 0
+                }
+                ResponseKind::DescribeConfigs(r) => {
+                    r.results[0].error_code == 0
+                        && r.results[0]
+                            .configs
+                            .iter()
+                            .any(|c| c.name.as_str() == "retention.ms")
+                }
+                ResponseKind::AlterConfigs(r) => r.responses[0].error_code == 0,
+                ResponseKind::IncrementalAlterConfigs(r) => r.responses[0].error_code == 0,
+                ResponseKind::CreatePartitions(r) => r.results[0].error_code == 0,
+                ResponseKind::DeleteRecords(r) => {
+                    let p = &r.topics[0].partitions[0];
+                    p.error_code == 0 && p.low_watermark == i64::from(version) + 1
+                }
+                ResponseKind::DescribeCluster(r) => {
+                    r.error_code == 0 && r.brokers.len() == 1 && !r.cluster_id.is_empty()
+                }
+                ResponseKind::OffsetDelete(r) => {
+                    r.error_code == ResponseError::GroupIdNotFound.code()
                 }
                 _ => false,
             };

@@ -280,6 +280,13 @@ fn api_key_of(body: &RequestKind) -> ApiKey {
         RequestKind::DescribeGroups(_) => ApiKey::DescribeGroups,
         RequestKind::DeleteGroups(_) => ApiKey::DeleteGroups,
         RequestKind::InitProducerId(_) => ApiKey::InitProducerId,
+        RequestKind::OffsetDelete(_) => ApiKey::OffsetDelete,
+        RequestKind::DescribeConfigs(_) => ApiKey::DescribeConfigs,
+        RequestKind::AlterConfigs(_) => ApiKey::AlterConfigs,
+        RequestKind::IncrementalAlterConfigs(_) => ApiKey::IncrementalAlterConfigs,
+        RequestKind::CreatePartitions(_) => ApiKey::CreatePartitions,
+        RequestKind::DeleteRecords(_) => ApiKey::DeleteRecords,
+        RequestKind::DescribeCluster(_) => ApiKey::DescribeCluster,
         // Kiln's tools send nothing else; an unknown key fails version negotiation loudly.
         _ => ApiKey::SaslAuthenticate,
     }

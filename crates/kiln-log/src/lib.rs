@@ -28,7 +28,7 @@ pub use batch::{BatchHeader, ControlKind, ProducerBatch, BATCH_HEADER_LEN};
 pub use config::LogConfig;
 pub use error::LogError;
 pub use log::{
-    EntryBody, Log, NewEntry, PurgeReport, ReadMode, ReadResult, SegmentInfo, StoredBody,
-    StoredEntry, Tail, TimestampLookup, HEADER_CLAIM_DELAY,
+    EntryBody, Log, NewEntry, PurgeReport, ReadMode, ReadResult, RollSettings, SegmentInfo,
+    StoredBody, StoredEntry, Tail, TimestampLookup, HEADER_CLAIM_DELAY,
 };
 pub use recovery::{Damage, LogTail, RecoveryReport};

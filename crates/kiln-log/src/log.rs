@@ -166,6 +166,18 @@ struct AppendState {
     rolled: Vec<Arc<Segment>>,
     /// A segment file was created since the last sync (the directory needs one).
     dir_dirty: bool,
+    /// When to roll and how sparse the index is: changeable while the log is open
+    /// ([`Log::set_roll`]), so kept under the append lock rather than in `Inner::config`.
+    roll: RollSettings,
+}
+
+/// The settings of [`LogConfig`] a topic may change at run time; they apply from the next
+/// append on (a segment already larger than a new `segment_bytes` rolls at its next append).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RollSettings {
+    pub segment_bytes: u64,
+    pub segment_ms: u64,
+    pub index_interval_bytes: u32,
 }
 
 /// What is known to be on disk, and what the active segment's header claims.
@@ -247,6 +259,11 @@ impl Log {
             checkpoint_max_ts: active.max_ts(),
         };
         let log_start = recovered.segments.first().map_or(0, |s| s.base_kafka);
+        let roll = RollSettings {
+            segment_bytes: config.segment_bytes,
+            segment_ms: config.segment_ms,
+            index_interval_bytes: config.index_interval_bytes,
+        };
         let inner = Inner {
             fs,
             dir: dir.to_path_buf(),
@@ -256,6 +273,7 @@ impl Log {
                 points: PointBuilder::default(),
                 rolled: Vec::new(),
                 dir_dirty: false,
+                roll,
             }),
             durable: Mutex::new(durable),
             segments: RwLock::new(
@@ -350,6 +368,24 @@ impl Log {
         self.inner.log_start.fetch_max(offset, Ordering::AcqRel);
     }
 
+    /// Changes when segments roll and the index density, from the next append on (topic
+    /// configs altered at run time). Refuses what the on-disk format cannot hold.
+    pub fn set_roll(&self, roll: RollSettings) -> Result<(), String> {
+        let check = LogConfig {
+            segment_bytes: roll.segment_bytes,
+            segment_ms: roll.segment_ms,
+            index_interval_bytes: roll.index_interval_bytes,
+            ..self.inner.config.clone()
+        };
+        check.check()?;
+        lock(&self.inner.append).roll = roll;
+        Ok(())
+    }
+
+    pub fn roll_settings(&self) -> RollSettings {
+        lock(&self.inner.append).roll
+    }
+
     /// The next Kafka offset to assign (written records included, synced or not).
     pub fn log_end_offset(&self) -> i64 {
         self.tail().next_kafka
@@ -419,11 +455,11 @@ impl Log {
             return false;
         }
         let end = seg.end();
-        let too_big = end.len + len > self.inner.config.segment_bytes;
+        let too_big = end.len + len > st.roll.segment_bytes;
         let first = seg.first_append_ms();
         let too_old = first != i64::MIN
             && now_ms.saturating_sub(first)
-                >= i64::try_from(self.inner.config.segment_ms).unwrap_or(i64::MAX);
+                >= i64::try_from(st.roll.segment_ms).unwrap_or(i64::MAX);
         // Relative indexes and Kafka offsets in the index are u32.
         let rel_kafka = (end.next_kafka - seg.base_kafka).unsigned_abs() + records;
         let rel_index = end.next_index - seg.base_index + 1;
@@ -492,7 +528,7 @@ impl Log {
                 end.len + at as u64,
                 rel_index,
                 first,
-                u64::from(self.inner.config.index_interval_bytes),
+                u64::from(st.roll.index_interval_bytes),
             )?;
             first = false;
             at += b.bytes.len();

@@ -127,6 +127,7 @@ pub fn write_single_replica_group(
             membership,
         ),
         table: None,
+        records_start: 0,
     };
     state.save(fs.as_ref(), dir)?;
     Ok(written)

@@ -345,6 +345,11 @@ impl ReplicatedPartition {
         self.store.log().log_start_offset()
     }
 
+    /// Changes when this replica's log rolls segments (topic configs altered at run time).
+    pub fn set_roll(&self, roll: kiln_log::RollSettings) -> Result<(), String> {
+        self.store.log().set_roll(roll)
+    }
+
     pub fn size_bytes(&self) -> u64 {
         self.store.log().size_bytes()
     }
@@ -413,7 +418,8 @@ impl ReplicatedPartition {
     }
 
     /// Where retention would move the log start at `now_ms` (entries applied here only): the
-    /// command to propose, if any.
+    /// command to propose, if any. Closed segments wholly below a DeleteRecords start go too,
+    /// whatever the retention settings.
     pub fn retention_command(
         &self,
         now_ms: i64,
@@ -421,14 +427,13 @@ impl ReplicatedPartition {
         retention_bytes: Option<u64>,
     ) -> Option<Command> {
         let applied = self.applied_index()?;
-        let (index, kafka_offset) =
-            self.store
-                .log()
-                .retention_point(now_ms, retention_ms, retention_bytes, applied)?;
-        let read = self
-            .store
-            .log()
-            .read_entries(index, index + 1, 0, kiln_log::ReadMode::Summary);
+        let log = self.store.log();
+        let by_retention = log.retention_point(now_ms, retention_ms, retention_bytes, applied);
+        let (index, kafka_offset) = by_retention
+            .into_iter()
+            .chain(self.deleted_segments_point(applied))
+            .max_by_key(|(index, _)| *index)?;
+        let read = log.read_entries(index, index + 1, 0, kiln_log::ReadMode::Summary);
         let term = match read {
             Ok(entries) => entries.first()?.term,
             Err(e) => {
@@ -441,6 +446,34 @@ impl ReplicatedPartition {
             term,
             kafka_offset,
         })
+    }
+
+    /// The last closed, applied segment whose records all lie below the log start clients see
+    /// (DeleteRecords moves it inside segments) and that is not purged yet.
+    fn deleted_segments_point(&self, applied: u64) -> Option<(u64, i64)> {
+        let visible_start = self.log_start_offset();
+        let purged = self.state.purged_kafka();
+        self.segments()
+            .iter()
+            .take_while(|s| {
+                !s.active
+                    && s.next_index > 0
+                    && s.next_index - 1 <= applied
+                    && s.next_kafka <= visible_start
+            })
+            .filter(|s| s.next_kafka > purged)
+            .last()
+            .map(|s| (s.next_index - 1, s.next_kafka))
+    }
+
+    /// DeleteRecords on the leader: proposes that clients read from `kafka_offset` on (at most
+    /// the high watermark; the caller checks) and waits until it is committed here.
+    pub async fn delete_records(&self, kafka_offset: i64) -> Result<i64, PartitionError> {
+        if kafka_offset > self.log_start_offset() {
+            self.propose(Command::DeleteRecords { kafka_offset })
+                .await?;
+        }
+        Ok(self.log_start_offset())
     }
 
     /// Stops the Raft node, saves what is applied and closes the log (it stays on disk).

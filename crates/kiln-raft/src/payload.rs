@@ -43,9 +43,15 @@ pub enum Command {
         term: u64,
         kafka_offset: i64,
     },
+    /// DeleteRecords: clients read from Kafka offset `kafka_offset` on, which may lie inside an
+    /// entry. Nothing is purged by this command: the whole segments below it go by a later
+    /// [`Command::LogStart`] (retention's timer proposes one), whose offsets are entry
+    /// boundaries as snapshots need.
+    DeleteRecords { kafka_offset: i64 },
 }
 
 const COMMAND_LOG_START: u8 = 1;
+const COMMAND_DELETE_RECORDS: u8 = 2;
 
 impl Command {
     pub fn encode(&self) -> Vec<u8> {
@@ -61,6 +67,10 @@ impl Command {
                 p.extend_from_slice(&term.to_be_bytes());
                 p.extend_from_slice(&kafka_offset.to_be_bytes());
             }
+            Command::DeleteRecords { kafka_offset } => {
+                p.push(COMMAND_DELETE_RECORDS);
+                p.extend_from_slice(&kafka_offset.to_be_bytes());
+            }
         }
         p
     }
@@ -72,6 +82,9 @@ impl Command {
             COMMAND_LOG_START => Command::LogStart {
                 index: r.u64()?,
                 term: r.u64()?,
+                kafka_offset: r.i64()?,
+            },
+            COMMAND_DELETE_RECORDS => Command::DeleteRecords {
                 kafka_offset: r.i64()?,
             },
             _ => return None,
@@ -150,5 +163,7 @@ mod tests {
         long.push(0);
         assert_eq!(Command::decode(&long), None);
         assert_eq!(Command::decode(&[9]), None);
+        let d = Command::DeleteRecords { kafka_offset: 77 };
+        assert_eq!(Command::decode(&d.encode()), Some(d));
     }
 }

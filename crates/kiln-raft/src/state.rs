@@ -19,7 +19,9 @@ use openraft::{CommittedLeaderId, EmptyNode, StoredMembership};
 use crate::record::{decode_membership, encode_membership, Reader};
 use crate::types::{LogId, NodeId};
 
-const MAGIC: &[u8; 8] = b"KLNSTAT\x01";
+/// Version 2 adds `records_start` after the table; version 1 files (no such field) still load.
+const MAGIC: &[u8; 8] = b"KLNSTAT\x02";
+const MAGIC_V1: &[u8; 8] = b"KLNSTAT\x01";
 pub(crate) const STATE_FILE: &str = "state";
 /// A table snapshot larger than this is refused on decode (a damaged length field).
 const TABLE_BYTES_MAX: usize = 1 << 30;
@@ -39,6 +41,9 @@ pub struct GroupState {
     pub membership: StoredMembership<NodeId, EmptyNode>,
     /// A table group's table as of `applied`.
     pub table: Option<Bytes>,
+    /// Where DeleteRecords says clients read from (0: never set); at or past `log_start`'s
+    /// offset, and possibly inside an entry, so it is kept apart from the purge point.
+    pub records_start: i64,
 }
 
 fn put_log_id(p: &mut Vec<u8>, id: Option<LogId>) {
@@ -83,6 +88,7 @@ impl GroupState {
         p.push(u8::from(self.table.is_some()));
         p.extend_from_slice(&(table.len() as u32).to_be_bytes());
         p.extend_from_slice(table);
+        p.extend_from_slice(&self.records_start.to_be_bytes());
         let crc = crc32c::crc32c(&p);
         p.extend_from_slice(&crc.to_be_bytes());
         p
@@ -97,9 +103,11 @@ impl GroupState {
         }
         let mut r = Reader::new(body);
         let bad = || "malformed".to_string();
-        if r.take(8).ok_or_else(bad)? != MAGIC {
-            return Err("bad magic or version".into());
-        }
+        let version = match r.take(8).ok_or_else(bad)? {
+            m if m == MAGIC => 2,
+            m if m == MAGIC_V1 => 1,
+            _ => return Err("bad magic or version".into()),
+        };
         let applied = get_log_id(&mut r).ok_or_else(bad)?;
         let log_start = match r.u8().ok_or_else(bad)? {
             0 => None,
@@ -121,6 +129,11 @@ impl GroupState {
             return Err(format!("table of {len} bytes is over the limit"));
         }
         let table = r.take(len).ok_or_else(bad)?;
+        let records_start = if version >= 2 {
+            r.i64().ok_or_else(bad)?
+        } else {
+            0
+        };
         if !r.done() {
             return Err("trailing bytes".into());
         }
@@ -129,6 +142,7 @@ impl GroupState {
             log_start,
             membership: StoredMembership::new(membership_id, membership),
             table: has_table.then(|| Bytes::copy_from_slice(table)),
+            records_start,
         })
     }
 
@@ -175,6 +189,7 @@ mod tests {
                 Membership::new(vec![BTreeSet::from([1, 2, 3])], BTreeSet::from([1, 2, 3])),
             ),
             table: Some(Bytes::from_static(b"table")),
+            records_start: 1010,
         };
         let bytes = state.encode();
         assert_eq!(GroupState::decode(&bytes).unwrap(), state);
@@ -186,5 +201,14 @@ mod tests {
         assert!(GroupState::decode(&bytes[..10]).is_err());
         let empty = GroupState::default();
         assert_eq!(GroupState::decode(&empty.encode()).unwrap(), empty);
+
+        // A version 1 file: the same fields without records_start.
+        let mut v1 = bytes[..bytes.len() - 12].to_vec();
+        v1[..8].copy_from_slice(MAGIC_V1);
+        let crc = crc32c::crc32c(&v1);
+        v1.extend_from_slice(&crc.to_be_bytes());
+        let old = GroupState::decode(&v1).unwrap();
+        assert_eq!(old.records_start, 0);
+        assert_eq!(old.log_start, state.log_start);
     }
 }

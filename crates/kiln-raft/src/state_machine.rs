@@ -90,6 +90,9 @@ fn sm_err(e: impl Into<String>) -> AnyError {
 
 const SNAPSHOT_DATA: u8 = 1;
 const SNAPSHOT_TABLE: u8 = 2;
+/// A data snapshot with DeleteRecords' start after the log start (older brokers cannot read
+/// it; they read `SNAPSHOT_DATA`, which is still written while no records were deleted).
+const SNAPSHOT_DATA_V2: u8 = 3;
 
 fn encode_snapshot(kafka_offset: i64, table: Option<&[u8]>) -> Vec<u8> {
     let mut p = Vec::with_capacity(9 + table.map_or(0, <[u8]>::len));
@@ -105,19 +108,25 @@ fn encode_snapshot(kafka_offset: i64, table: Option<&[u8]>) -> Vec<u8> {
     p
 }
 
-/// A data snapshot: the log start's Kafka offset, then the producer table.
-fn encode_data_snapshot(kafka_offset: i64, producers: &[u8]) -> Vec<u8> {
-    let mut p = Vec::with_capacity(9 + producers.len());
-    p.push(SNAPSHOT_DATA);
+/// A data snapshot: the log start's Kafka offset, DeleteRecords' start when one was set (kind
+/// `SNAPSHOT_DATA_V2`), then the producer table.
+fn encode_data_snapshot(kafka_offset: i64, records_start: i64, producers: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(17 + producers.len());
+    let v2 = records_start > kafka_offset;
+    p.push(if v2 { SNAPSHOT_DATA_V2 } else { SNAPSHOT_DATA });
     p.extend_from_slice(&kafka_offset.to_be_bytes());
+    if v2 {
+        p.extend_from_slice(&records_start.to_be_bytes());
+    }
     p.extend_from_slice(producers);
     p
 }
 
-/// What a snapshot holds: a data partition's (log start, producer table bytes; empty when
-/// written before producers were followed) or a table group's (log start, table).
+/// What a snapshot holds: a data partition's (log start, DeleteRecords' start or 0, producer
+/// table bytes; empty when written before producers were followed) or a table group's (log
+/// start, table).
 enum SnapshotBody<'a> {
-    Data(i64, &'a [u8]),
+    Data(i64, i64, &'a [u8]),
     Table(i64, &'a [u8]),
 }
 
@@ -126,7 +135,11 @@ fn decode_snapshot(bytes: &[u8]) -> Option<SnapshotBody<'_>> {
     let kind = r.u8()?;
     let kafka = r.i64()?;
     match kind {
-        SNAPSHOT_DATA => Some(SnapshotBody::Data(kafka, r.rest())),
+        SNAPSHOT_DATA => Some(SnapshotBody::Data(kafka, 0, r.rest())),
+        SNAPSHOT_DATA_V2 => {
+            let records_start = r.i64()?;
+            Some(SnapshotBody::Data(kafka, records_start, r.rest()))
+        }
         SNAPSHOT_TABLE => Some(SnapshotBody::Table(kafka, r.rest())),
         _ => None,
     }
@@ -154,6 +167,7 @@ impl StateMachine {
             }
             log.advance_log_start(ls.kafka_offset);
         }
+        log.advance_log_start(state.records_start);
         let (first, _) = log.first();
         let tail = log.tail();
         if let Some(a) = state.applied {
@@ -205,6 +219,15 @@ impl StateMachine {
 
     fn lock(&self) -> MutexGuard<'_, SmInner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The Kafka offset after the last purged entry (`i64::MIN` before any purge): log starts
+    /// at or below it are already applied.
+    pub fn purged_kafka(&self) -> i64 {
+        self.lock()
+            .state
+            .log_start
+            .map_or(i64::MIN, |l| l.kafka_offset)
     }
 
     /// Kafka offset below which records are committed and applied: consumers read below it.
@@ -277,7 +300,11 @@ impl RaftSnapshotBuilder<KilnRaft> for StateMachine {
                 let kafka = inner.state.log_start.map_or(0, |l| l.kafka_offset);
                 (
                     inner.state.log_start.map(|l| l.last_purged),
-                    encode_data_snapshot(kafka, &inner.producers.encode()),
+                    encode_data_snapshot(
+                        kafka,
+                        inner.state.records_start,
+                        &inner.producers.encode(),
+                    ),
                 )
             }
             GroupKind::Table(table) => {
@@ -428,6 +455,27 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
                     }
                     0
                 }
+                EntryPayload::Normal(Payload::Command(Command::DeleteRecords { kafka_offset })) => {
+                    let log = &self.store.shared.log;
+                    // The leader checked the offset against its high watermark; `base` is at
+                    // least that, so a larger offset here means a confused proposer.
+                    if *kafka_offset <= log.log_start_offset() {
+                        // Already there (applied again after a restart, or an older request).
+                    } else if *kafka_offset <= base {
+                        inner.state.records_start = *kafka_offset;
+                        log.advance_log_start(*kafka_offset);
+                        must_save = true;
+                    } else {
+                        tracing::warn!(
+                            index,
+                            kafka_offset,
+                            log_start = log.log_start_offset(),
+                            high_watermark = base,
+                            "ignoring a records start that does not move forward within the log"
+                        );
+                    }
+                    0
+                }
                 EntryPayload::Membership(m) => {
                     inner.state.membership = StoredMembership::new(Some(entry.log_id), m.clone());
                     0
@@ -485,13 +533,15 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
             .last_log_id
             .ok_or_else(|| bad("snapshot without a last log id".into()))?;
         let mut inner = self.lock();
+        let mut records_start = 0;
         let kafka = match (&self.kind, body) {
             (GroupKind::Table(table), SnapshotBody::Table(kafka, t)) => {
                 table.restore(t).map_err(bad)?;
                 inner.state.table = Some(Bytes::copy_from_slice(t));
                 kafka
             }
-            (GroupKind::Data, SnapshotBody::Data(kafka, p)) => {
+            (GroupKind::Data, SnapshotBody::Data(kafka, deleted, p)) => {
+                records_start = deleted;
                 inner.producers = if p.is_empty() {
                     ProducerTable::default()
                 } else {
@@ -509,6 +559,7 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
             kafka_offset: kafka,
         });
         inner.next_kafka = kafka;
+        inner.state.records_start = inner.state.records_start.max(records_start);
         let shared = &self.store.shared;
         inner
             .state
@@ -524,6 +575,7 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
                 })?;
         }
         log.advance_log_start(kafka);
+        log.advance_log_start(records_start);
         drop(inner);
         self.high_watermark.send_replace(kafka);
         tracing::info!(dir = %shared.dir.display(), last_log_id = %last, kafka, "installed a snapshot: the log starts there");
@@ -538,7 +590,11 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
         let (last, data) = match &self.kind {
             GroupKind::Data => (
                 ls.last_purged,
-                encode_data_snapshot(ls.kafka_offset, &inner.producers.encode()),
+                encode_data_snapshot(
+                    ls.kafka_offset,
+                    inner.state.records_start,
+                    &inner.producers.encode(),
+                ),
             ),
             GroupKind::Table(_) => {
                 let Some(t) = &inner.state.table else {

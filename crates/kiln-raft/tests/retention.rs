@@ -91,7 +91,10 @@ async fn a_follower_stopped_while_retention_removed_what_it_lacked_catches_up_fr
     let kiln_raft::Command::LogStart {
         kafka_offset: start,
         ..
-    } = command;
+    } = command
+    else {
+        unreachable!("retention proposes log starts only")
+    };
     assert!(
         start > caught_up,
         "retention passes what the stopped follower holds: {start}"

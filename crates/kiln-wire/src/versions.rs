@@ -27,8 +27,17 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ListGroups, 0, 5),
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::DeleteGroups, 0, 2),
+    (ApiKey::OffsetDelete, 0, 0),
     // Idempotent producers (no transactions).
     (ApiKey::InitProducerId, 0, 4),
+    // Admin APIs (docs/protocol.md). DescribeConfigs v0 is not in the codec; clients that
+    // know v0 (kafkajs) also speak v1-v2.
+    (ApiKey::DescribeConfigs, 1, 4),
+    (ApiKey::AlterConfigs, 0, 2),
+    (ApiKey::IncrementalAlterConfigs, 0, 1),
+    (ApiKey::CreatePartitions, 0, 3),
+    (ApiKey::DeleteRecords, 0, 2),
+    (ApiKey::DescribeCluster, 0, 2),
 ];
 
 /// The supported (min, max) for an API, or `None` when Kiln does not serve it.

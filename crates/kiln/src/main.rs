@@ -15,6 +15,7 @@ mod probe_cmd;
 mod settings;
 mod sim_cmd;
 mod status_cmd;
+mod topic_configs_cmd;
 mod topics_cmd;
 
 use std::process::ExitCode;

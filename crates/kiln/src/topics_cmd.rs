@@ -16,6 +16,7 @@ use kafka_protocol::ResponseError;
 use kiln_client::Connection;
 
 use crate::broker_address::BrokerAddress;
+use crate::topic_configs_cmd;
 
 #[derive(Args, Debug)]
 pub struct TopicsArgs {
@@ -42,8 +43,18 @@ enum TopicsCommand {
     },
     /// List topics.
     List,
-    /// Show a topic's partitions, leaders and offsets.
+    /// Show a topic's partitions, leaders, offsets and configs.
     Describe { name: String },
+    /// Change a topic's settings at run time (applied on every broker, kept across restarts).
+    Alter {
+        name: String,
+        /// Setting to set, as key=value (retention.ms, retention.bytes, segment.bytes, ...).
+        #[arg(long = "config", value_name = "KEY=VALUE")]
+        configs: Vec<String>,
+        /// Setting to remove from the topic, so the broker default applies again.
+        #[arg(long = "delete-config", value_name = "KEY")]
+        delete_configs: Vec<String>,
+    },
     /// Delete a topic and all its data.
     Delete { name: String },
 }
@@ -56,7 +67,7 @@ pub async fn run(args: TopicsArgs) -> anyhow::Result<()> {
     // Topic changes go to the controller (in a cluster, other brokers refuse them).
     if matches!(
         args.command,
-        TopicsCommand::Create { .. } | TopicsCommand::Delete { .. }
+        TopicsCommand::Create { .. } | TopicsCommand::Delete { .. } | TopicsCommand::Alter { .. }
     ) {
         conn = connect_controller(conn, timeout).await?;
     }
@@ -80,6 +91,11 @@ pub async fn run(args: TopicsArgs) -> anyhow::Result<()> {
         TopicsCommand::List => list(&mut conn, timeout).await,
         TopicsCommand::Describe { name } => describe(&mut conn, timeout, &name).await,
         TopicsCommand::Delete { name } => delete(&mut conn, timeout, &name).await,
+        TopicsCommand::Alter {
+            name,
+            configs,
+            delete_configs,
+        } => topic_configs_cmd::alter(&mut conn, timeout, &name, &configs, &delete_configs).await,
     }
 }
 
@@ -114,7 +130,7 @@ fn topic_name(name: &str) -> TopicName {
     TopicName(StrBytes::from_string(name.to_string()))
 }
 
-fn error_text(code: i16, message: Option<&StrBytes>) -> String {
+pub(crate) fn error_text(code: i16, message: Option<&StrBytes>) -> String {
     let name = ResponseError::try_from_code(code)
         .map_or_else(|| format!("error {code}"), |e| format!("{e:?}"));
     match message {
@@ -131,17 +147,14 @@ async fn create(
     replication_factor: i16,
     configs: &[String],
 ) -> anyhow::Result<()> {
-    let mut topic_configs = Vec::new();
-    for c in configs {
-        let Some((k, v)) = c.split_once('=') else {
-            bail!("--config {c:?} is not KEY=VALUE");
-        };
-        topic_configs.push(
+    let topic_configs: Vec<CreatableTopicConfig> = topic_configs_cmd::parse_pairs(configs)?
+        .into_iter()
+        .map(|(k, v)| {
             CreatableTopicConfig::default()
-                .with_name(StrBytes::from_string(k.trim().to_string()))
-                .with_value(Some(StrBytes::from_string(v.trim().to_string()))),
-        );
-    }
+                .with_name(StrBytes::from_string(k))
+                .with_value(Some(StrBytes::from_string(v)))
+        })
+        .collect();
     let request = CreateTopicsRequest::default()
         .with_timeout_ms(timeout.as_millis() as i32)
         .with_topics(vec![CreatableTopic::default()
@@ -241,7 +254,7 @@ async fn describe(conn: &mut Connection, timeout: Duration, name: &str) -> anyho
             (end - start).max(0)
         );
     }
-    Ok(())
+    topic_configs_cmd::print_configs(conn, timeout, name).await
 }
 
 async fn offsets(

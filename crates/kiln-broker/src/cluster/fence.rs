@@ -34,10 +34,10 @@ impl Cluster {
 
     /// Called by the reconciler after acting on `state`.
     pub(super) fn note_fence(&self, state: &MetadataState) {
-        if state.fences.get(&self.node_id) == Some(&self.boot) {
-            if !self.current.swap(true, Ordering::AcqRel) {
-                tracing::info!("caught up with the metadata log");
-            }
+        if state.fences.get(&self.node_id) == Some(&self.boot)
+            && !self.current.swap(true, Ordering::AcqRel)
+        {
+            tracing::info!("caught up with the metadata log");
         }
     }
 

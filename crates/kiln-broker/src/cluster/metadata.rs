@@ -51,6 +51,21 @@ pub enum Command {
         node: i32,
         boot: u64,
     },
+    /// A topic's overrides are now exactly `overrides` (IncrementalAlterConfigs, AlterConfigs;
+    /// the controller computed and validated the whole set). Every broker applies the new
+    /// settings to the replicas it holds.
+    AlterTopicConfig {
+        name: String,
+        id: Uuid,
+        overrides: BTreeMap<String, String>,
+    },
+    /// CreatePartitions: the topic, which has `from` partitions, gains one per assignment.
+    AddPartitions {
+        name: String,
+        id: Uuid,
+        from: u32,
+        assignments: Vec<Vec<i32>>,
+    },
 }
 
 /// One RecordBatch v2 holding `command` as its only record.
@@ -227,6 +242,28 @@ fn apply_command(state: &mut MetadataState, command: Command) {
             ),
             Some(_) => {}
         },
+        Command::AlterTopicConfig {
+            name,
+            id,
+            overrides,
+        } => match state.topics.get_mut(&name) {
+            Some(t) if t.id == id => t.overrides = overrides,
+            _ => tracing::info!(topic = %name, "config change for a topic that is gone; ignored"),
+        },
+        Command::AddPartitions {
+            name,
+            id,
+            from,
+            assignments,
+        } => match state.topics.get_mut(&name) {
+            // `from` makes a second proposal of the same change (a retried request) a no-op.
+            Some(t) if t.id == id && t.assignments.len() == from as usize => {
+                t.assignments.extend(assignments)
+            }
+            _ => {
+                tracing::warn!(topic = %name, from, "partitions added to a topic that changed or is gone; ignored")
+            }
+        },
         Command::AllocateProducerIds { node, count } => {
             let first = state.next_producer_id;
             match first.checked_add(i64::from(count)) {
@@ -376,7 +413,34 @@ mod tests {
             0,
         )
         .expect("encode");
-        other.apply(1, 5, &delete);
+        let mut changes = BytesMut::new();
+        for c in [
+            Command::AlterTopicConfig {
+                name: "t".into(),
+                id,
+                overrides: [("retention.ms".to_string(), "5".to_string())].into(),
+            },
+            Command::AddPartitions {
+                name: "t".into(),
+                id,
+                from: 1,
+                assignments: vec![vec![1], vec![1]],
+            },
+            // A retry of the same change: the topic no longer has one partition.
+            Command::AddPartitions {
+                name: "t".into(),
+                id,
+                from: 1,
+                assignments: vec![vec![1]],
+            },
+        ] {
+            changes.extend_from_slice(&encode(&c, 0).expect("encode"));
+        }
+        other.apply(1, 5, &changes.freeze());
+        let t = &other.state().topics["t"];
+        assert_eq!(t.overrides["retention.ms"], "5");
+        assert_eq!(t.assignments.len(), 3);
+        other.apply(2, 8, &delete);
         assert!(other.state().topics.is_empty());
         assert!(other.restore(b"not json").is_err());
     }

@@ -18,6 +18,7 @@ pub mod metadata;
 pub mod producer_ids;
 mod register;
 pub mod replica;
+mod topic_changes;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -63,7 +64,8 @@ pub struct ClusterTopic {
     /// This broker's replica of each partition (`None` where it holds none), opened before
     /// the topic becomes visible: produce and fetch find it by index, not by group name.
     replicas: Vec<Option<Arc<Replica>>>,
-    pub traffic: TopicTraffic,
+    /// Shared with the topic's next version when its config or partitions change.
+    pub traffic: Arc<TopicTraffic>,
 }
 
 impl ClusterTopic {
@@ -96,6 +98,9 @@ pub enum ClusterError {
     InvalidReplicationFactor(String),
     #[error("{0}")]
     InvalidConfig(String),
+    /// A request Kiln does not carry out as asked (an operation that does not apply).
+    #[error("{0}")]
+    InvalidRequest(String),
     #[error("the metadata log did not take the change: {0}")]
     NotCommitted(String),
     #[error("timed out waiting for the change to be applied")]
@@ -484,68 +489,48 @@ impl Cluster {
             }
         }
         for (name, record) in &state.topics {
-            if self.topic(name).is_none() {
-                self.open_topic(name, record).await;
+            match self.topic(name) {
+                None => self.open_topic(name, record).await,
+                Some(t) if t.id == record.id && topic_changes::changed(&t, record) => {
+                    self.update_topic(&t, record).await
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// The settings a topic record resolves to here; the broker defaults (logged) when its
+    /// overrides are not valid on this broker (written by a broker of another version).
+    fn resolve_settings(
+        &self,
+        name: &str,
+        record: &metadata::TopicRecord,
+    ) -> Option<TopicSettings> {
+        match topic_config::resolve(
+            &self.log_defaults,
+            self.default_max_batch_bytes,
+            &record.overrides,
+        ) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::error!(topic = %name, error = %e, "topic settings no longer valid here; using the broker defaults");
+                topic_config::resolve(
+                    &self.log_defaults,
+                    self.default_max_batch_bytes,
+                    &BTreeMap::new(),
+                )
+                .ok()
             }
         }
     }
 
     async fn open_topic(&self, name: &str, record: &metadata::TopicRecord) {
-        let settings = match topic_config::resolve(
-            &self.log_defaults,
-            self.default_max_batch_bytes,
-            &record.overrides,
-        ) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(topic = %name, error = %e, "topic settings no longer valid here; using the broker defaults");
-                match topic_config::resolve(
-                    &self.log_defaults,
-                    self.default_max_batch_bytes,
-                    &BTreeMap::new(),
-                ) {
-                    Ok(s) => s,
-                    Err(_) => return,
-                }
-            }
+        let Some(settings) = self.resolve_settings(name, record) else {
+            return;
         };
         let mut replicas = Vec::with_capacity(record.assignments.len());
-        for (index, members) in record.assignments.iter().enumerate() {
-            if !members.contains(&self.node_id) {
-                replicas.push(None);
-                continue;
-            }
-            let index = i32::try_from(index).unwrap_or(i32::MAX);
-            let group = partition_group(record.id, index);
-            let dir = self
-                .replicas_dir
-                .join(record.id.to_string())
-                .join(index.to_string());
-            let opened = replica::open(replica::OpenParams {
-                node_id: self.node_id,
-                group: group.clone(),
-                dir,
-                members: members.clone(),
-                peers: self.raft_peers.clone(),
-                config: raft_config(&self.settings),
-                rpc_timeout: Duration::from_millis(self.settings.rpc_timeout_ms),
-                max_entry_bytes: self.settings.max_entry_bytes,
-                silence: silence(&self.settings),
-                log: settings.log.to_log_config(),
-                kind: GroupKind::Data,
-                table_snapshot_every: u64::MAX,
-            })
-            .await;
-            match opened {
-                Ok(r) => {
-                    self.insert_replica(r.clone());
-                    replicas.push(Some(r));
-                }
-                Err(e) => {
-                    tracing::error!(topic = %name, partition = index, error = %e, "cannot open this broker's replica; it serves nothing for this partition");
-                    replicas.push(None);
-                }
-            }
+        for index in 0..record.assignments.len() {
+            replicas.push(self.open_partition(name, record, index, &settings).await);
         }
         tracing::info!(topic = %name, id = %record.id, partitions = record.assignments.len(), "topic open");
         write(&self.topics).insert(
@@ -557,9 +542,54 @@ impl Cluster {
                 settings,
                 assignments: record.assignments.clone(),
                 replicas,
-                traffic: TopicTraffic::default(),
+                traffic: Arc::default(),
             }),
         );
+    }
+
+    /// Opens this broker's replica of partition `index`, if it is assigned one.
+    async fn open_partition(
+        &self,
+        name: &str,
+        record: &metadata::TopicRecord,
+        index: usize,
+        settings: &TopicSettings,
+    ) -> Option<Arc<Replica>> {
+        let members = record.assignments.get(index)?;
+        if !members.contains(&self.node_id) {
+            return None;
+        }
+        let index = i32::try_from(index).unwrap_or(i32::MAX);
+        let group = partition_group(record.id, index);
+        let dir = self
+            .replicas_dir
+            .join(record.id.to_string())
+            .join(index.to_string());
+        let opened = replica::open(replica::OpenParams {
+            node_id: self.node_id,
+            group: group.clone(),
+            dir,
+            members: members.clone(),
+            peers: self.raft_peers.clone(),
+            config: raft_config(&self.settings),
+            rpc_timeout: Duration::from_millis(self.settings.rpc_timeout_ms),
+            max_entry_bytes: self.settings.max_entry_bytes,
+            silence: silence(&self.settings),
+            log: settings.log.to_log_config(),
+            kind: GroupKind::Data,
+            table_snapshot_every: u64::MAX,
+        })
+        .await;
+        match opened {
+            Ok(r) => {
+                self.insert_replica(r.clone());
+                Some(r)
+            }
+            Err(e) => {
+                tracing::error!(topic = %name, partition = index, error = %e, "cannot open this broker's replica; it serves nothing for this partition");
+                None
+            }
+        }
     }
 
     async fn stop_topic(&self, name: &str, id: Uuid) {

@@ -23,7 +23,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
-use kafka_protocol::messages::ConsumerProtocolAssignment;
+use kafka_protocol::messages::{ConsumerProtocolAssignment, ConsumerProtocolSubscription};
 use kafka_protocol::protocol::Decodable;
 use kafka_protocol::ResponseError;
 use tokio::sync::oneshot;
@@ -968,6 +968,45 @@ impl Coordinator {
         (errors, tickets)
     }
 
+    /// OffsetDelete: removes `group`'s committed offsets of `partitions`. Err: the group-level
+    /// error; Ok: one error code per partition (GROUP_SUBSCRIBED_TO_TOPIC for a topic a live
+    /// member subscribes to) and the tombstones to wait for.
+    pub fn delete_offsets(
+        &self,
+        group_id: &str,
+        partitions: &[(String, i32)],
+        now_ms: i64,
+    ) -> Result<(Vec<i16>, Ticket), ResponseError> {
+        if !valid_group_id(group_id) {
+            return Err(ResponseError::InvalidGroupId);
+        }
+        let groups = self.groups();
+        let live = groups.get(group_id);
+        if live.is_none() && !self.store.has_group(group_id) {
+            return Err(ResponseError::GroupIdNotFound);
+        }
+        let subscribed = live.map(subscribed_topics).unwrap_or_default();
+        let (mut errors, mut deletable) = (Vec::with_capacity(partitions.len()), Vec::new());
+        for tp in partitions {
+            if subscribed.contains(&tp.0) {
+                errors.push(code(ResponseError::GroupSubscribedToTopic));
+            } else {
+                errors.push(0);
+                deletable.push(tp.clone());
+            }
+        }
+        // Under the groups lock, so no member joins subscribed between the check and the write.
+        let ticket = self
+            .store
+            .delete_offsets(group_id, &deletable, now_ms)
+            .map_err(|e| {
+                tracing::error!(group = %group_id, error = %e, "deleting offsets failed");
+                ResponseError::CoordinatorNotAvailable
+            })?;
+        drop(groups);
+        Ok((errors, ticket))
+    }
+
     /// Live member count per group (for metrics and the CLI's refusal message).
     pub fn member_counts(&self) -> Vec<(String, usize)> {
         let groups = self.groups();
@@ -1186,6 +1225,41 @@ fn new_member_id(client_id: &str) -> String {
     let client = client_id.get(..cut).unwrap_or_default();
     let prefix = if client.is_empty() { "member" } else { client };
     format!("{prefix}-{}", uuid::Uuid::new_v4())
+}
+
+/// The topics a group's live members subscribe to (consumer protocol), or hold partitions of
+/// when their subscription does not parse. Empty for a group without members.
+fn subscribed_topics(group: &Group) -> HashSet<String> {
+    let mut topics = HashSet::new();
+    for member in group.members.values() {
+        let metadata = group
+            .protocol
+            .as_deref()
+            .map(|p| member.metadata_for(p))
+            .or_else(|| member.protocols.first().map(|(_, m)| m.clone()))
+            .unwrap_or_default();
+        match decode_subscription(&metadata) {
+            Some(subscribed) => topics.extend(subscribed),
+            None => topics.extend(
+                decode_assignment(&member.assignment)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(topic, _)| topic),
+            ),
+        }
+    }
+    topics
+}
+
+/// The topics of a consumer-protocol subscription; `None` when it does not parse.
+fn decode_subscription(bytes: &Bytes) -> Option<Vec<String>> {
+    let mut buf = bytes.clone();
+    if buf.len() < 2 {
+        return None;
+    }
+    let version = bytes::Buf::get_i16(&mut buf).clamp(0, 3);
+    let decoded = ConsumerProtocolSubscription::decode(&mut buf, version).ok()?;
+    Some(decoded.topics.into_iter().map(|t| t.to_string()).collect())
 }
 
 /// The partitions in a consumer-protocol assignment; `None` when it does not parse (then the

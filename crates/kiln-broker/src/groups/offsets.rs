@@ -306,6 +306,35 @@ impl OffsetsStore {
         self.append_locked(&mut st, changes, now_ms).map(Some)
     }
 
+    /// Writes a tombstone for each of `partitions` (topic, partition) that `group` has an
+    /// offset for (OffsetDelete); the others are left alone, as Kafka does.
+    pub fn delete_offsets(
+        &self,
+        group: &str,
+        partitions: &[(String, i32)],
+        now_ms: i64,
+    ) -> Result<Ticket, StoreError> {
+        let mut st = lock(&self.state);
+        let changes = match st.latest.get(group) {
+            Some(offsets) => partitions
+                .iter()
+                .filter(|tp| offsets.contains_key(*tp))
+                .map(|(topic, partition)| {
+                    (
+                        OffsetKey {
+                            group: group.to_string(),
+                            topic: topic.clone(),
+                            partition: *partition,
+                        },
+                        None,
+                    )
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        self.append_locked(&mut st, changes, now_ms)
+    }
+
     fn append_locked(
         &self,
         st: &mut Coordinating,

@@ -6,10 +6,13 @@
 
 use std::sync::Arc;
 
+use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
 use kafka_protocol::messages::metadata_response::{
     MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
 };
-use kafka_protocol::messages::{BrokerId, MetadataRequest, MetadataResponse, TopicName};
+use kafka_protocol::messages::{
+    BrokerId, DescribeClusterResponse, MetadataRequest, MetadataResponse, TopicName,
+};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 
@@ -138,4 +141,31 @@ fn describe(cluster: &Cluster, topic: &ClusterTopic) -> MetadataResponseTopic {
         .with_name(Some(TopicName(StrBytes::from_string(topic.name.clone()))))
         .with_topic_id(topic.id)
         .with_partitions(partitions)
+}
+
+/// DescribeCluster: the same brokers, cluster id and controller as Metadata. Kiln has one
+/// listener per broker, so every endpoint type gets the same addresses; no broker is fenced.
+pub fn describe_cluster(
+    broker: &Broker,
+    cluster: &Cluster,
+    include_operations: bool,
+) -> DescribeClusterResponse {
+    let brokers = cluster
+        .brokers
+        .iter()
+        .map(|b| {
+            DescribeClusterBroker::default()
+                .with_broker_id(BrokerId(b.id))
+                .with_host(StrBytes::from_string(b.host.clone()))
+                .with_port(b.port)
+        })
+        .collect();
+    DescribeClusterResponse::default()
+        .with_cluster_id(StrBytes::from_string(
+            broker.cluster_id().unwrap_or_default(),
+        ))
+        .with_controller_id(BrokerId(cluster.controller()))
+        .with_brokers(brokers)
+        // Kafka's value when they were not requested (Kiln has no ACLs; asked for, none).
+        .with_cluster_authorized_operations(if include_operations { 0 } else { i32::MIN })
 }

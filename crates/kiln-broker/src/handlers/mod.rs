@@ -4,12 +4,14 @@
 
 pub mod admin;
 pub mod api_versions;
+pub mod configs;
 pub mod fetch;
 pub mod groups;
 pub mod init_producer_id;
 pub mod list_offsets;
 pub mod metadata;
 pub mod offsets;
+pub mod partitions;
 pub mod produce;
 mod refuse;
 
@@ -57,6 +59,18 @@ pub fn dispatch(broker: &Arc<Broker>, request: DecodedRequest) -> Reply {
         }
         RequestKind::DeleteTopics(req) => admin::delete_topics(cluster, req),
         RequestKind::InitProducerId(req) => init_producer_id::handle(cluster, req),
+        RequestKind::DescribeConfigs(req) => Reply::Now(Box::new(ResponseKind::DescribeConfigs(
+            configs::describe_configs(cluster, &broker.config, req),
+        ))),
+        RequestKind::IncrementalAlterConfigs(req) => {
+            configs::incremental_alter_configs(cluster, req)
+        }
+        RequestKind::AlterConfigs(req) => configs::alter_configs(cluster, req),
+        RequestKind::CreatePartitions(req) => partitions::create_partitions(cluster, req),
+        RequestKind::DeleteRecords(req) => partitions::delete_records(cluster, req),
+        RequestKind::DescribeCluster(req) => Reply::Now(Box::new(ResponseKind::DescribeCluster(
+            metadata::describe_cluster(broker, cluster, req.include_cluster_authorized_operations),
+        ))),
         body => {
             let serving = broker.groups.store().is_serving();
             match refuse::refuse(cluster, serving, &body) {
@@ -98,6 +112,7 @@ fn dispatch_groups(
             groups::describe_groups(broker, req, version),
         ))),
         RequestKind::DeleteGroups(req) => groups::delete_groups(broker, req),
+        RequestKind::OffsetDelete(req) => offsets::offset_delete(broker, req),
         // decode_request admits only the APIs in kiln_wire::SUPPORTED_APIS, all matched above.
         _ => Reply::Close("request type has no handler"),
     }

@@ -1,4 +1,4 @@
-//! OffsetCommit and OffsetFetch.
+//! OffsetCommit, OffsetFetch and OffsetDelete.
 //!
 //! A commit is checked and appended in arrival order and answered only once the offsets log has
 //! fsynced it. OffsetFetch reads only durable offsets.
@@ -8,13 +8,16 @@ use std::sync::Arc;
 use kafka_protocol::messages::offset_commit_response::{
     OffsetCommitResponsePartition, OffsetCommitResponseTopic,
 };
+use kafka_protocol::messages::offset_delete_response::{
+    OffsetDeleteResponsePartition, OffsetDeleteResponseTopic,
+};
 use kafka_protocol::messages::offset_fetch_response::{
     OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions,
     OffsetFetchResponseTopic, OffsetFetchResponseTopics,
 };
 use kafka_protocol::messages::{
-    OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse,
-    ResponseKind, TopicName,
+    OffsetCommitRequest, OffsetCommitResponse, OffsetDeleteRequest, OffsetDeleteResponse,
+    OffsetFetchRequest, OffsetFetchResponse, ResponseKind, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
@@ -234,4 +237,66 @@ pub fn offset_fetch(
     } else {
         response
     }
+}
+
+/// Partitions one OffsetDelete request may name.
+pub const OFFSET_DELETE_PARTITIONS_MAX: usize = 10_000;
+
+/// OffsetDelete: tombstones for a group's committed offsets of the given partitions, through
+/// the offsets log like commits, answered once committed. A group with live members keeps the
+/// offsets of topics they subscribe to (GROUP_SUBSCRIBED_TO_TOPIC).
+pub fn offset_delete(broker: &Arc<Broker>, request: OffsetDeleteRequest) -> Reply {
+    let partitions: Vec<(String, i32)> = request
+        .topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions
+                .iter()
+                .map(|p| (t.name.to_string(), p.partition_index))
+        })
+        .collect();
+    let group = request.group_id.to_string();
+    let top_level = |code: ResponseError| {
+        Reply::Now(Box::new(ResponseKind::OffsetDelete(
+            OffsetDeleteResponse::default().with_error_code(code.code()),
+        )))
+    };
+    if partitions.len() > OFFSET_DELETE_PARTITIONS_MAX {
+        tracing::info!(%group, partitions = partitions.len(), "offset delete over the partition limit");
+        return top_level(ResponseError::InvalidRequest);
+    }
+    let (mut errors, ticket) = match broker.groups.delete_offsets(&group, &partitions, now_ms()) {
+        Ok(answer) => answer,
+        Err(code) => return top_level(code),
+    };
+    let broker = broker.clone();
+    Reply::Later(Box::pin(async move {
+        if let Err(e) = broker.groups.store().wait(ticket).await {
+            tracing::error!(%group, error = %e, "offset deletion not durable");
+            return ResponseKind::OffsetDelete(
+                OffsetDeleteResponse::default()
+                    .with_error_code(ResponseError::CoordinatorNotAvailable.code()),
+            );
+        }
+        let mut codes = errors.drain(..);
+        let topics = request
+            .topics
+            .into_iter()
+            .map(|t| {
+                let partitions = t
+                    .partitions
+                    .iter()
+                    .map(|p| {
+                        OffsetDeleteResponsePartition::default()
+                            .with_partition_index(p.partition_index)
+                            .with_error_code(codes.next().unwrap_or_default())
+                    })
+                    .collect();
+                OffsetDeleteResponseTopic::default()
+                    .with_name(t.name)
+                    .with_partitions(partitions)
+            })
+            .collect();
+        ResponseKind::OffsetDelete(OffsetDeleteResponse::default().with_topics(topics))
+    }))
 }

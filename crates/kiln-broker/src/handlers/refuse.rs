@@ -11,8 +11,8 @@ use kafka_protocol::messages::offset_fetch_response::OffsetFetchResponseGroup;
 use kafka_protocol::messages::ResponseKind;
 use kafka_protocol::messages::{
     DeleteGroupsResponse, DescribeGroupsResponse, HeartbeatResponse, JoinGroupResponse,
-    LeaveGroupResponse, ListGroupsResponse, OffsetCommitResponse, OffsetFetchResponse, RequestKind,
-    SyncGroupResponse,
+    LeaveGroupResponse, ListGroupsResponse, OffsetCommitResponse, OffsetDeleteResponse,
+    OffsetFetchResponse, RequestKind, SyncGroupResponse,
 };
 use kafka_protocol::ResponseError;
 
@@ -103,6 +103,9 @@ pub fn refuse(cluster: &Cluster, serving: bool, body: &RequestKind) -> Option<Re
                     .collect(),
             ),
         ),
+        RequestKind::OffsetDelete(_) => {
+            ResponseKind::OffsetDelete(OffsetDeleteResponse::default().with_error_code(code))
+        }
         // Groups live on the coordinator only; elsewhere the list is empty, not an error.
         RequestKind::ListGroups(_) => ResponseKind::ListGroups(ListGroupsResponse::default()),
         _ => return None,
