@@ -10,7 +10,8 @@ Every kafkajs log entry at WARN or ERROR fails the test (tests/js/common.js coll
 against a healthy broker kafkajs has nothing to warn about, and an error it logs and retries
 past would otherwise hide a broker gap.
 
-- admin: createTopics (true, then false for the same topic), listTopics, fetchTopicOffsets
+- admin: createTopics (true, then false for the same topic), listTopics, fetchTopicOffsets,
+  describeConfigs (the topic's own override and the defaults), createPartitions
   (low 0 and high the records produced, per partition, as librdkafka sees them).
 - An idempotent producer (`idempotent: true`, `maxInFlightRequests: 1`, see produce.js) and
   the default producer write keyed records, one per request and batched; each ack is at the
@@ -126,6 +127,10 @@ def test_admin_create_list_offsets(target):
     topic = "js-admin"
     rf = 1 if target.kind == "single" else 3
     assert node("admin.js", target.addr, "create", topic, PARTITIONS, rf)["created"] is True
+    configs = {c["name"]: c for c in node("admin.js", target.addr, "configs", topic)["configs"]}
+    for name in ("retention.ms", "segment.bytes", "cleanup.policy"):
+        assert name in configs, f"describeConfigs lacks {name}: {sorted(configs)}"
+    assert configs["retention.ms"]["isDefault"] is True, configs["retention.ms"]
     # The same again: createTopics answers false (TOPIC_ALREADY_EXISTS, the only error for
     # which it does); kafkajs' connection logs that error answer at ERROR regardless.
     assert node("admin.js", target.addr, "create", topic, PARTITIONS, rf,
@@ -138,6 +143,10 @@ def test_admin_create_list_offsets(target):
     offsets = node("admin.js", target.addr, "offsets", topic)["offsets"]
     assert sorted((o["partition"], o["low"], o["high"]) for o in offsets) == \
         [(p, "0", str(len(logs[p]))) for p in range(PARTITIONS)], offsets
+    # createPartitions raises the count; the new partitions start empty.
+    assert node("admin.js", target.addr, "grow", topic, PARTITIONS + 2)["grown"] is True
+    offsets = node("admin.js", target.addr, "offsets", topic)["offsets"]
+    assert sorted(o["partition"] for o in offsets) == list(range(PARTITIONS + 2)), offsets
 
 
 @pytest.mark.timeout(180)
