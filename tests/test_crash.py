@@ -1,7 +1,8 @@
 """kill -9 the broker under load; no acknowledged (acks=all) record may be lost.
 
-A librdkafka producer (acks=all, no idempotence, no retries: an acknowledged
-record was sent exactly once; unacknowledged ones may or may not be present)
+A librdkafka producer (acks=all, idempotent, default retries: a retried request
+must be recognised by the restarted broker; unacknowledged records may or may
+not be present)
 writes keyed records "key:seq" to a 4-partition topic while a killer thread
 SIGKILLs the broker at seeded random moments and restarts it on the same port
 and data dir. A concurrent consumer tails every partition the whole time.
@@ -114,13 +115,12 @@ def test_kill9_loses_no_acknowledged_record(broker):
             failed[err.name()] += 1
 
     p = rdk_producer(broker, **{
+        # An idempotent producer with librdkafka's default retries: a request whose answer
+        # died with the broker is sent again to the restarted one, which must recognise it
+        # from the producer state it recovered, so "present exactly once at its acked offset"
+        # and per-key order check the broker's recovery of that state too.
+        "enable.idempotence": True,
         "acks": "all",
-        # No retries on purpose: an acknowledged record was sent exactly once, so "present
-        # exactly once at its acked offset" checks the broker alone. librdkafka's idempotence
-        # needs retries, so it is off for that reason only (test_cluster_chaos.py runs an
-        # idempotent producer through kill -9s).
-        "enable.idempotence": False,
-        "message.send.max.retries": 0,
         "message.timeout.ms": 10000,
         "request.timeout.ms": 5000,
         "linger.ms": 2,

@@ -127,10 +127,10 @@ class BatchProducer(threading.Thread):
             "broker.address.family": "v4",
             # No retries on purpose (docs/failover-trace.md): a record P sees acknowledged was
             # sent once, and one whose request died with the leader is not sent again, so the
-            # trace counts exactly what the kill did to each request. librdkafka's idempotence
-            # needs retries, so it is off here for that reason only; Kiln supports it (the
-            # setup producer below and test_cluster_chaos.py use it).
-            "enable.idempotence": False,
+            # trace counts exactly what the kill did to each request. librdkafka's default
+            # (enable.idempotence false) stays: idempotence needs retries. Kiln supports it: the
+            # setup producer below, test_crash.py and test_cluster_chaos.py run idempotent
+            # producers through kill -9s.
             "acks": "all",
             "message.send.max.retries": 0,    # acknowledged => written exactly once
             "max.in.flight.requests.per.connection": 1,
