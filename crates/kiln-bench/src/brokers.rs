@@ -277,21 +277,6 @@ fn memory_kib(pid: u32) -> Memory {
     }
 }
 
-/// Bytes in the files under `dir`, recursively (0 for a missing directory).
-pub(crate) fn dir_bytes(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map(|m| m.len()).unwrap_or(0),
-            _ => 0,
-        })
-        .sum()
-}
-
 /// `n` distinct free loopback ports (all bound at once, then released).
 fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
     let listeners = (0..n)

@@ -109,6 +109,26 @@ fn sequential(
     Ok(written? as f64 / (1 << 20) as f64 / started.elapsed().as_secs_f64())
 }
 
+/// Bytes in the files under `dir`, its subdirectories included. A file removed while it is
+/// counted (a broker's retention at work) counts as gone.
+pub(crate) fn dir_bytes(dir: &Path) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = match entry.metadata() {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e.into()),
+        };
+        total += if meta.is_dir() {
+            dir_bytes(&entry.path())?
+        } else {
+            meta.len()
+        };
+    }
+    Ok(total)
+}
+
 pub fn print(d: &DiskFigures) {
     println!(
         "disk  sequential write+fdatasync, {} KiB chunks, 1 stream: {:.1} MiB/s",

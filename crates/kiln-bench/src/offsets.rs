@@ -28,7 +28,7 @@ use kiln_client::admin::Cluster;
 use kiln_client::Connection;
 use rdkafka::producer::Producer;
 
-use crate::brokers::{self, Brokers, TopicSpec};
+use crate::brokers::{Brokers, TopicSpec};
 use crate::cluster::{self, LoadArgs};
 
 const TOPIC: &str = "committed";
@@ -293,7 +293,7 @@ fn restart(
         listening.as_secs_f64(),
         served.as_secs_f64(),
         replayed_entries(brokers).unwrap_or_else(|| "?".into()),
-        brokers::dir_bytes(data) as f64 / (1u64 << 20) as f64
+        crate::disk::dir_bytes(data)? as f64 / (1u64 << 20) as f64
     );
     Ok(())
 }

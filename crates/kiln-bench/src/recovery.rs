@@ -84,7 +84,7 @@ pub fn run(dir: &Path, args: &RecoveryArgs) -> anyhow::Result<RecoveryFigures> {
     child.kill().context("kill -9")?; // SIGKILL on Unix
     child.wait()?;
 
-    let partition_bytes = dir_bytes(&partition_dir)?;
+    let partition_bytes = crate::disk::dir_bytes(&partition_dir)?;
     let started = Instant::now();
     let (log, mut after_kill) = Log::open(Arc::new(RealFs), &partition_dir, LogConfig::default())?;
     after_kill.elapsed = started.elapsed();
@@ -127,14 +127,6 @@ fn verify_contiguous(log: &Log) -> anyhow::Result<()> {
         bail!("recovered log ends at {next}, expected {end}");
     }
     Ok(())
-}
-
-fn dir_bytes(dir: &Path) -> anyhow::Result<u64> {
-    let mut total = 0;
-    for entry in std::fs::read_dir(dir)? {
-        total += entry?.metadata()?.len();
-    }
-    Ok(total)
 }
 
 pub fn print(r: &RecoveryFigures) {

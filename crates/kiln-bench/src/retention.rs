@@ -12,7 +12,7 @@ use anyhow::bail;
 use clap::Args;
 use rdkafka::producer::Producer;
 
-use crate::brokers::{self, Brokers, TopicSpec};
+use crate::brokers::{Brokers, TopicSpec};
 use crate::cluster::{self, LoadArgs};
 
 const TOPIC: &str = "aged";
@@ -96,13 +96,13 @@ fn measure(
     let before: Vec<u64> = brokers
         .procs
         .iter()
-        .map(|p| brokers::dir_bytes(&p.data_dir))
-        .collect();
+        .map(|p| crate::disk::dir_bytes(&p.data_dir))
+        .collect::<anyhow::Result<_>>()?;
     std::thread::sleep(Duration::from_secs(args.wait_s));
     brokers.check_alive()?;
     let mut worst = 0.0f64;
     for (p, held_before) in brokers.procs.iter().zip(&before) {
-        let held = brokers::dir_bytes(&p.data_dir);
+        let held = crate::disk::dir_bytes(&p.data_dir)?;
         let share = held as f64 / written as f64;
         worst = worst.max(share);
         println!(

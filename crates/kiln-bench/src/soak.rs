@@ -173,7 +173,7 @@ fn soak(
             m.rss_kib as f64 / 1024.0,
             *sampled as f64 / 1024.0,
             m.peak_kib as f64 / 1024.0,
-            brokers::dir_bytes(&brokers.procs[brokers.index_of(id)?].data_dir) as f64
+            crate::disk::dir_bytes(&brokers.procs[brokers.index_of(id)?].data_dir)? as f64
                 / (1u64 << 30) as f64
         );
     }
@@ -207,7 +207,7 @@ fn restart(
     bootstrap: &str,
 ) -> anyhow::Result<u64> {
     let load = &args.load;
-    let held = brokers::dir_bytes(&brokers.procs[brokers.index_of(RESTARTED)?].data_dir);
+    let held = crate::disk::dir_bytes(&brokers.procs[brokers.index_of(RESTARTED)?].data_dir)?;
     brokers.kill(RESTARTED)?;
     println!(
         "soak  broker {RESTARTED} killed (SIGKILL) holding {:.2} GiB; writing {} s without it",

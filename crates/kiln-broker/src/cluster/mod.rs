@@ -428,19 +428,28 @@ impl Cluster {
         tracing::info!(%topic, "topic created; some of its partitions are still electing a leader");
     }
 
-    /// Deletes a topic through the metadata log. Controller only.
-    pub async fn delete_topic(&self, name: &str) -> Result<(), ClusterError> {
-        let _one_at_a_time = self.controller_lock.lock().await;
+    /// `name`'s record, on the controller (NotController elsewhere, NotFound if it does not
+    /// exist). Called with `controller_lock` held, so the record cannot change before the
+    /// caller's proposal.
+    pub(super) fn controlled_topic(
+        &self,
+        name: &str,
+    ) -> Result<metadata::TopicRecord, ClusterError> {
         if !self.metadata.is_leader() {
             return Err(ClusterError::NotController(self.controller()));
         }
-        let id = self
-            .metadata_table
+        self.metadata_table
             .state()
             .topics
             .get(name)
-            .map(|t| t.id)
-            .ok_or_else(|| ClusterError::NotFound(name.to_string()))?;
+            .cloned()
+            .ok_or_else(|| ClusterError::NotFound(name.to_string()))
+    }
+
+    /// Deletes a topic through the metadata log. Controller only.
+    pub async fn delete_topic(&self, name: &str) -> Result<(), ClusterError> {
+        let _one_at_a_time = self.controller_lock.lock().await;
+        let id = self.controlled_topic(name)?.id;
         let command = Command::DeleteTopic {
             name: name.to_string(),
             id,

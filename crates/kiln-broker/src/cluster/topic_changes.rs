@@ -27,16 +27,7 @@ impl Cluster {
         change: impl FnOnce(&BTreeMap<String, String>) -> Result<BTreeMap<String, String>, ClusterError>,
     ) -> Result<(), ClusterError> {
         let _one_at_a_time = self.controller_lock.lock().await;
-        if !self.metadata.is_leader() {
-            return Err(ClusterError::NotController(self.controller()));
-        }
-        let record = self
-            .metadata_table
-            .state()
-            .topics
-            .get(name)
-            .cloned()
-            .ok_or_else(|| ClusterError::NotFound(name.to_string()))?;
+        let record = self.controlled_topic(name)?;
         let overrides = change(&record.overrides)?;
         topic_config::resolve(&self.log_defaults, self.default_max_batch_bytes, &overrides)
             .map_err(ClusterError::InvalidConfig)?;
@@ -60,16 +51,7 @@ impl Cluster {
         validate_only: bool,
     ) -> Result<(), ClusterError> {
         let _one_at_a_time = self.controller_lock.lock().await;
-        if !self.metadata.is_leader() {
-            return Err(ClusterError::NotController(self.controller()));
-        }
-        let record = self
-            .metadata_table
-            .state()
-            .topics
-            .get(name)
-            .cloned()
-            .ok_or_else(|| ClusterError::NotFound(name.to_string()))?;
+        let record = self.controlled_topic(name)?;
         let current = record.assignments.len();
         let wanted = u32::try_from(count).unwrap_or(0);
         if wanted as usize <= current {
