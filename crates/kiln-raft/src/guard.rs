@@ -60,6 +60,24 @@ impl Guard {
         }
     }
 
+    /// `repair_until` when the index the damaged log reached is unknown (the save that held the
+    /// guard is lost): only the term rule can lift the guard.
+    pub const INDEX_UNKNOWN: u64 = u64::MAX;
+
+    /// Repair after the latest save of the `vote` file was lost: the repair guard it may have
+    /// held is unknown, with the index its log had reached. Hold until this replica has applied
+    /// an entry of a term above `term`, the highest term of its surviving records and of its
+    /// log: it acknowledged entries only in terms it had saved a vote for and that its log
+    /// shows, and a leader of a later term was elected while this replica granted no vote, so
+    /// holds everything committed with its help.
+    pub fn repair_unknown(term: u64) -> Guard {
+        Guard {
+            repair_until: Some(Self::INDEX_UNKNOWN),
+            repair_term: Some(term),
+            vote_floor: None,
+        }
+    }
+
     /// The guard after a lost vote record whose surviving records reach term `floor`.
     pub fn vote_floor(floor: u64) -> Guard {
         Guard {

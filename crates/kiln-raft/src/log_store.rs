@@ -263,16 +263,23 @@ impl LogStore {
             }
         }
         if vote_scan.report.latest_lost {
-            guard = guard.merge(Guard::vote_floor(
-                vote_scan.highest_term.unwrap_or(0).max(tail.last_term),
-            ));
+            let floor = vote_scan.highest_term.unwrap_or(0).max(tail.last_term);
+            guard = guard.merge(Guard::vote_floor(floor));
+            // The lost save may have held a repair guard that the surviving ones predate: the
+            // replica may lack committed entries it acknowledged, and not know which.
+            if repairable {
+                tracing::error!(dir = %dir.display(), term = floor, "the latest save of the vote file is lost, and with it any repair guard it held: no votes until a leader of a later term is followed");
+                guard = guard.merge(Guard::repair_unknown(floor));
+            }
         }
         // The log holds entries of a term the vote file does not reach: a vote record was lost
         // (entries of a term are accepted only after its vote is saved). The vote this replica
         // cast in that term is unknown.
         if tail.last_term > vote_term && repairable {
-            tracing::error!(dir = %dir.display(), log_term = tail.last_term, vote_term, "the log holds entries of a later term than the saved vote: a vote record is lost; no votes until a leader of that term or later is followed");
-            guard = guard.merge(Guard::vote_floor(tail.last_term));
+            tracing::error!(dir = %dir.display(), log_term = tail.last_term, vote_term, "the log holds entries of a later term than the saved vote: a vote record is lost, and with it any repair guard it held; no votes until a leader of a later term is followed");
+            guard = guard
+                .merge(Guard::vote_floor(tail.last_term))
+                .merge(Guard::repair_unknown(tail.last_term));
         }
         health.set_guard(guard);
         if guard != persisted.guard {

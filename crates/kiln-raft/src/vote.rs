@@ -19,9 +19,6 @@ use crate::record::{
 };
 use crate::types::Vote;
 
-/// Largest frame the scan accepts (a length field past it is damage, not a record).
-const MAX_RECORD_BYTES: usize = 1 << 10;
-
 /// What the scan of the `vote` file found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct VoteRecovery {
@@ -37,19 +34,24 @@ pub struct VoteRecovery {
     pub latest_lost: bool,
 }
 
-/// True when the frame header at `at`, or the payload its (plausible) length field announces,
-/// runs past the end of the file.
+/// True when the frame at `at` is the beginning of a record cut short: its header runs past
+/// the end of the file, or its length field is a record's size and the payload it announces
+/// does. A length field that is no record's size was never written by a save (every save
+/// writes whole records), so a frame whose length is wrong is damage, however far it claims to
+/// run: a flipped bit in the length of the last, fsynced save must not pass for a torn write,
+/// or the vote and guard it held would be forgotten without a trace.
 fn frame_incomplete(buf: &[u8], at: usize) -> bool {
     let Some(header) = buf.get(at..at + FRAME_HEADER) else {
         return true;
     };
     let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
-    len <= MAX_RECORD_BYTES && buf.len() < at + FRAME_HEADER + len
+    (len == VOTE_BYTES || len == STATE_BYTES) && buf.len() < at + FRAME_HEADER + len
 }
 
 /// True when the bytes from `at` on are what a crash leaves of an unsynced write: zeros only
-/// (the file grew, the data never landed), or a frame cut short. Not when the bytes present are
-/// a whole frame whose length field is wrong (its CRC matches them): that is damage.
+/// (the file grew, the data never landed), or a record cut short. Not when the bytes present are
+/// a whole frame whose length field is wrong (its CRC matches them), nor a length field that no
+/// save writes: that is damage.
 fn is_torn(buf: &[u8], at: usize) -> bool {
     let rest = buf.get(at..).unwrap_or(&[]);
     if rest.iter().all(|&b| b == 0) {
@@ -258,6 +260,17 @@ mod tests {
         assert_eq!(scan.state.unwrap().vote, Some(Vote::new(4, 1)));
         assert_eq!(scan.highest_term, Some(4));
         assert_eq!(scan.end, last, "the damaged tail is cut");
+        // A flipped bit in both length fields makes each frame claim to run past the end of
+        // the file, as a torn write would; but no save writes a frame of that length, so it is
+        // damage, and the save (with the guard it may hold) is lost, not never written.
+        for byte in 0..4 {
+            let mut bad = file.clone();
+            bad[last + byte] ^= 0x01;
+            bad[last + RECORD + byte] ^= 0x01;
+            let scan = scan_vote(&bad);
+            assert!(scan.report.latest_lost, "length byte {byte}");
+            assert_eq!(scan.state.unwrap().vote, Some(Vote::new(4, 1)));
+        }
         // A torn save (a crash before its fsync: it was never cast) is no loss.
         let mut torn = Vec::new();
         save(&mut torn, 4, 1, Guard::default());
@@ -325,6 +338,14 @@ mod tests {
             !Guard::repair(12, None).met_by(&m),
             "term unknown: only the index counts"
         );
+        // The index the damaged log reached unknown (its save lost): only a later term lifts.
+        let unknown = Guard::repair_unknown(6);
+        m.last_applied = Some(lid(6, u64::MAX - 1));
+        assert!(!unknown.met_by(&m));
+        m.last_applied = Some(lid(7, 1));
+        assert!(unknown.met_by(&m));
+        let merged = Guard::repair(12, Some(6)).merge(Guard::repair_unknown(6));
+        assert_eq!(merged, Guard::repair_unknown(6));
         // Merging keeps the stricter targets, and the term rule only if both know it.
         let merged = Guard::repair(12, Some(6)).merge(Guard::repair(20, None));
         assert_eq!((merged.repair_until, merged.repair_term), (Some(20), None));
