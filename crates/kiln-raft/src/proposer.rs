@@ -42,6 +42,9 @@ use crate::types::Raft;
 const ENTRIES_IN_FLIGHT: usize = 4;
 /// Longest wait, when a term starts, for everything before it to be applied.
 const TERM_START_WAIT: Duration = Duration::from_secs(5);
+/// How often a write waiting for its commit, and a term start waiting for the log to be
+/// applied, look at the Raft metrics.
+const LEADERSHIP_POLL: Duration = Duration::from_millis(20);
 /// Longest wait for a retried batch's first write to be committed.
 const DUPLICATE_WAIT: Duration = Duration::from_secs(30);
 
@@ -84,6 +87,8 @@ pub struct Proposer {
     /// order); the bound is the caller's: the broker has at most `max_connections` ×
     /// `max_in_flight_per_connection` requests in flight, each at most `max_batch_bytes`.
     queue: mpsc::UnboundedSender<Proposal>,
+    /// The proposing task's slots, for [`Proposer::entries_in_flight`].
+    slots: Arc<Semaphore>,
 }
 
 impl Proposer {
@@ -92,17 +97,24 @@ impl Proposer {
     /// `state`: the partition's state machine (its producer table and high watermark).
     pub fn start(raft: Raft, state: StateMachine, max_entry_bytes: usize) -> Proposer {
         let (queue, rx) = mpsc::unbounded_channel();
+        let slots = Arc::new(Semaphore::new(ENTRIES_IN_FLIGHT));
         let run = Run {
             raft,
             state,
             rx,
             max_entry_bytes: max_entry_bytes.max(1),
-            slots: Arc::new(Semaphore::new(ENTRIES_IN_FLIGHT)),
+            slots: Arc::clone(&slots),
             leading: None,
             stale: Arc::new(AtomicBool::new(false)),
         };
         tokio::spawn(run.run());
-        Proposer { queue }
+        Proposer { queue, slots }
+    }
+
+    /// Entries proposed and not yet committed or refused (at most `ENTRIES_IN_FLIGHT`; the
+    /// proposing task also holds them all while a term starts).
+    pub fn entries_in_flight(&self) -> usize {
+        ENTRIES_IN_FLIGHT.saturating_sub(self.slots.available_permits())
     }
 
     /// Queues `batches` (validated here: lengths, magic, CRC32C) behind every earlier submit.
@@ -244,25 +256,46 @@ impl Run {
         let Ok(all) = self.slots.acquire_many(others).await else {
             return Err(PartitionError::Stopped("the proposer stopped".into()));
         };
-        let caught_up =
-            tokio::time::timeout(TERM_START_WAIT, self.raft.ensure_linearizable()).await;
-        drop(all);
-        match caught_up {
-            Ok(Ok(_)) => {
-                let (table, next_offset) = self.state.producers();
-                self.leading = Some(Leading {
-                    term,
-                    table,
-                    next_offset,
-                });
-                Ok(())
-            }
-            Ok(Err(e)) => {
+        // Everything in the log applied: what came before the term (the linearizable read
+        // point), and entries of this proposer whose answer it stopped waiting for when a term
+        // ended (`leadership_lost`), which are in the log ahead of this term's and may commit.
+        let raft = self.raft.clone();
+        let caught_up = tokio::time::timeout(TERM_START_WAIT, async move {
+            if let Err(e) = raft.ensure_linearizable().await {
                 tracing::debug!(error = %e, "not the leader after all");
-                Err(PartitionError::NotLeader { leader: None })
+                return false;
             }
-            Err(_) => Err(PartitionError::NotLeader { leader: None }),
+            // Everything in the log applied, looked at every `LEADERSHIP_POLL` (see
+            // `leadership_lost` for why not on the metrics channel).
+            let last = raft.metrics().borrow().last_log_index;
+            loop {
+                let applied = raft.metrics().borrow().last_applied.map(|l| l.index);
+                if applied >= last {
+                    return true;
+                }
+                tokio::time::sleep(LEADERSHIP_POLL).await;
+            }
+        })
+        .await;
+        drop(all);
+        // The term read above may have ended meanwhile (this replica elected again in a later
+        // one): the table and offsets would then be of the old term, and a write proposed as of
+        // it would count as lost at once (`leadership_lost`) while it commits in the new one.
+        let still = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            m.state == ServerState::Leader && m.current_term == term
+        };
+        if caught_up != Ok(true) || !still {
+            return Err(PartitionError::NotLeader { leader: None });
         }
+        let (table, next_offset) = self.state.producers();
+        self.leading = Some(Leading {
+            term,
+            table,
+            next_offset,
+        });
+        Ok(())
     }
 
     /// Answers every proposal already queued with NotLeader (they would fail the same way).
@@ -342,6 +375,7 @@ impl Run {
                         return true;
                     }
                     tokio::select! {
+                        biased;
                         changed = high_watermark.changed() => if changed.is_err() { return false },
                         changed = metrics.changed() => if changed.is_err() { return false },
                     }
@@ -389,6 +423,9 @@ impl Run {
         // `client_write_ff` hands the entry to Raft before it returns, so entries enter the
         // log in the order of this loop; only the wait for the commit runs concurrently.
         let stale = self.stale.clone();
+        let term = self.leading.as_ref().map(|l| l.term);
+        debug_assert!(term.is_some(), "a write prepared while not leading");
+        let metrics = self.raft.metrics();
         match self.raft.client_write_ff(payload).await {
             Err(fatal) => {
                 drop(slot);
@@ -400,19 +437,30 @@ impl Run {
             }
             Ok(committed) => {
                 tokio::spawn(async move {
-                    let outcome = committed.await;
+                    // openraft answers an entry when it is applied or cut, but not when a
+                    // snapshot from a later leader replaces it (a deposed leader that fell
+                    // behind the log start): then the answer never comes. Stop waiting once
+                    // this replica no longer leads the term the entry was proposed in, so the
+                    // slot comes back and the producer hears NOT_LEADER (the fate is unknown).
+                    let outcome = tokio::select! {
+                        // Biased: the simulation replays exactly (and an answer beats a lost term).
+                        biased;
+                        outcome = committed => Some(outcome),
+                        () = leadership_lost(metrics, term) => None,
+                    };
                     drop(slot);
                     let outcome = match outcome {
-                        Ok(Ok(resp)) => Ok(resp.data),
-                        Ok(Err(ClientWriteError::ForwardToLeader(f))) => {
+                        Some(Ok(Ok(resp))) => Ok(resp.data),
+                        Some(Ok(Err(ClientWriteError::ForwardToLeader(f)))) => {
                             Err(PartitionError::NotLeader {
                                 leader: f.leader_id,
                             })
                         }
-                        Ok(Err(e)) => Err(PartitionError::Stopped(e.to_string())),
-                        // Raft dropped the request: this replica stopped leading before the
-                        // entry's fate was known. It may still commit under the next leader.
-                        Err(_) => Err(PartitionError::NotLeader { leader: None }),
+                        Some(Ok(Err(e))) => Err(PartitionError::Stopped(e.to_string())),
+                        // Raft dropped the request, or this replica stopped leading the term,
+                        // before the entry's fate was known. It may still commit under the next
+                        // leader.
+                        Some(Err(_)) | None => Err(PartitionError::NotLeader { leader: None }),
                     };
                     if outcome.is_err() {
                         // Whether the entry commits is unknown: the producer table may hold
@@ -445,6 +493,31 @@ impl Run {
                     }
                 });
             }
+        }
+    }
+}
+
+/// Resolves once the Raft node no longer leads `term` (at once if `term` is unknown), or
+/// stopped. It looks every [`LEADERSHIP_POLL`] rather than waiting on the metrics channel: a
+/// tokio `watch` wakes its waiters in a random order, which would make the simulation's
+/// replays differ, and a few timers per partition with writes in flight cost nothing.
+async fn leadership_lost(
+    metrics: tokio::sync::watch::Receiver<
+        openraft::RaftMetrics<crate::types::NodeId, openraft::EmptyNode>,
+    >,
+    term: Option<u64>,
+) {
+    let Some(term) = term else {
+        return;
+    };
+    loop {
+        tokio::time::sleep(LEADERSHIP_POLL).await;
+        if metrics.has_changed().is_err() {
+            return;
+        }
+        let m = metrics.borrow();
+        if m.state != ServerState::Leader || m.current_term != term {
+            return;
         }
     }
 }

@@ -148,8 +148,12 @@ const CI_SEEDS: std::ops::Range<u64> = 0..48;
 /// Seeds that once found a violation, each replayed on every `cargo test`. 1751: a damaged
 /// replica's vote file lost its latest save (a flipped bit in both length fields, taken for a
 /// torn write), the only one holding its repair guard; it voted again too early and helped
-/// elect a leader without the entries it had lost.
-const REGRESSION_SEEDS: [u64; 1] = [1751];
+/// elect a leader without the entries it had lost. 2148: a deposed leader's uncommitted
+/// entries were replaced by a snapshot (it had fallen behind the log start), openraft never
+/// answered them, and their proposer slots stayed taken: once it led again it proposed nothing.
+/// 2170: the proposer took its table as of a term that had just ended (re-elected at once), so
+/// its writes counted as lost while they committed in the new term, and its offsets disagreed.
+const REGRESSION_SEEDS: [u64; 3] = [1751, 2148, 2170];
 
 #[test]
 fn regression_seeds() {

@@ -979,9 +979,39 @@ async fn commit_marker(world: &World, group: usize) -> Option<ReplicatedPartitio
         } else {
             offsets::commit_batch(offsets::MARKER_KEY, -1)
         };
-        if let Ok(Ok(Ok(ack))) =
-            tokio::time::timeout(Duration::from_secs(2), l.proposer().submit(marker.clone())).await
-        {
+        let outcome =
+            tokio::time::timeout(Duration::from_secs(2), l.proposer().submit(marker.clone())).await;
+        let ack = match outcome {
+            Ok(Ok(Ok(ack))) => Some(ack),
+            Ok(Ok(Err(e))) => {
+                if attempt % 20 == 0 {
+                    world.log(format!(
+                        "{name}final marker refused by replica {} (attempt {attempt}): {e}",
+                        l.id()
+                    ));
+                }
+                None
+            }
+            Ok(Err(_)) => {
+                if attempt % 20 == 0 {
+                    world.log(format!(
+                        "{name}final marker dropped by replica {} (attempt {attempt})",
+                        l.id()
+                    ));
+                }
+                None
+            }
+            Err(_) => {
+                if attempt % 20 == 0 {
+                    world.log(format!(
+                        "{name}final marker timed out on replica {} (attempt {attempt})",
+                        l.id()
+                    ));
+                }
+                None
+            }
+        };
+        if let Some(ack) = ack {
             world.log(format!(
                 "{name}final marker committed at {} by replica {} (attempt {attempt})",
                 ack.base_offset,
@@ -1296,6 +1326,27 @@ pub async fn run(opts: SimOptions) -> SimReport {
     let off_leader = commit_marker(&world, OFFSETS).await;
     let mut report = std::mem::take(&mut world.report);
     let (Some(leader), Some(off_leader)) = (leader, off_leader) else {
+        // What each replica believed, so a stall explains itself in the trace.
+        for group in [DATA, OFFSETS] {
+            for r in world.up_in(group) {
+                let m = r.raft().metrics().borrow().clone();
+                world.log(format!(
+                    "{}replica {} at the end: {:?} term {} vote {} last log {:?} committed {:?} applied {:?} purged {:?} guard {:?} repairing {} proposer slots taken {}",
+                    if group == DATA { "" } else { "offsets " },
+                    r.id(),
+                    m.state,
+                    m.current_term,
+                    m.vote,
+                    m.last_log_index,
+                    m.millis_since_quorum_ack,
+                    m.last_applied,
+                    m.purged,
+                    r.health().guard(),
+                    r.repairing(),
+                    r.proposer().entries_in_flight()
+                ));
+            }
+        }
         let mut s = lock(&world.shared);
         s.violations.push(
             "LIVENESS: no leader committed an entry within 10 s after healing (in one of the groups)"

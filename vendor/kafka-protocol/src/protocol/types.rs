@@ -10,6 +10,10 @@ use anyhow::{bail, Result};
 use std::convert::TryFrom;
 use std::string::String as StdString;
 
+/// Kiln patch: the most elements any decoder reserves up front from a count read off the wire
+/// (upstream's later releases cap it the same way); more are allocated as they really arrive.
+pub(crate) const PREALLOC_MAX: usize = 1024;
+
 macro_rules! define_copy_impl {
     ($e:ident, $t:ty) => (
         impl Encoder<$t> for $e {
@@ -986,8 +990,10 @@ impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for Array<E> {
             -1 => Ok(None),
             n if n >= 0 => {
                 // Kiln patch: the length comes from the wire; never reserve more than the
-                // bytes that remain could hold, or a tiny frame could abort the process.
-                let mut result = Vec::with_capacity((n as usize).min(buf.remaining()));
+                // bytes that remain could hold, or a tiny frame could abort the process, nor
+                // more than PREALLOC_MAX elements (a large frame times the element size).
+                let mut result =
+                    Vec::with_capacity((n as usize).min(buf.remaining()).min(PREALLOC_MAX));
                 for _ in 0..n {
                     result.push(self.0.decode(buf)?);
                 }
@@ -1096,7 +1102,9 @@ impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for CompactArray<E> {
             0 => Ok(None),
             n => {
                 // Kiln patch: see Array::decode.
-                let mut result = Vec::with_capacity(((n - 1) as usize).min(buf.remaining()));
+                let mut result = Vec::with_capacity(
+                    ((n - 1) as usize).min(buf.remaining()).min(PREALLOC_MAX),
+                );
                 for _ in 1..n {
                     result.push(self.0.decode(buf)?);
                 }
