@@ -23,7 +23,7 @@ def start_group_broker(make_broker, monkeypatch, **settings) -> Broker:
     """Starts a broker with its metrics endpoint on a free port (b.metrics_port) and any broker
     settings given as keyword arguments (passed as KILN_<NAME> environment variables)."""
     port = free_port()
-    monkeypatch.setenv("KILN_METRICS_LISTEN", f"127.0.0.1:{port}")
+    monkeypatch.setenv("KILN_BROKER__METRICS_LISTEN", f"127.0.0.1:{port}")
     for name, value in settings.items():
         monkeypatch.setenv(f"KILN_{name.upper()}", str(value))
     b = make_broker()

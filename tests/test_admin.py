@@ -100,7 +100,7 @@ def _drop_clients():
 
 @pytest.fixture
 def fast_retention(monkeypatch):
-    monkeypatch.setenv("KILN_RETENTION_CHECK_INTERVAL_MS", str(RETENTION_CHECK_MS))
+    monkeypatch.setenv("KILN_BROKER__RETENTION_CHECK_INTERVAL_MS", str(RETENTION_CHECK_MS))
 
 
 # ---------------------------------------------------------------- single broker

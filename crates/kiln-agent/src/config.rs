@@ -1,10 +1,10 @@
-//! Agent settings: a TOML file (`kiln agent --config FILE`), then `KILN_AGENT__*` environment
-//! variables (`KILN_AGENT__AGENT_ID=bastion-3`).
+//! Agent settings: a TOML file (`kiln agent --config FILE`), then `KILN_AGENT__<SECTION>__<KEY>`
+//! environment variables (`KILN_AGENT__AGENT_ID=bastion-3`, `KILN_AGENT__SSH__USER=burnin`),
+//! through `kiln_settings::load`.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use config::{Config, Environment, File, FileFormat};
 use serde::{Deserialize, Serialize};
 
 use crate::access::{RedfishSettings, SshSettings};
@@ -91,24 +91,20 @@ impl Default for AgentConfig {
 }
 
 impl AgentConfig {
-    /// Defaults, then `path`, then `KILN_AGENT__*` variables.
+    /// Defaults, then `path`, then `KILN_AGENT__<SECTION>__<KEY>` variables
+    /// (`kiln_settings::load`).
     pub fn load(path: &Path) -> anyhow::Result<AgentConfig> {
-        if !path.exists() {
-            anyhow::bail!("agent settings file {} does not exist", path.display());
-        }
-        let defaults =
-            Config::try_from(&AgentConfig::default()).context("encoding the built-in defaults")?;
-        let config: AgentConfig = Config::builder()
-            .add_source(defaults)
-            .add_source(File::from(path).format(FileFormat::Toml))
-            .add_source(
-                Environment::with_prefix("KILN_AGENT")
-                    .prefix_separator("__")
-                    .try_parsing(true),
-            )
-            .build()
-            .and_then(|c| c.try_deserialize())
-            .with_context(|| format!("reading agent settings {}", path.display()))?;
+        Self::load_from(path, std::env::vars())
+    }
+
+    /// [`AgentConfig::load`] with the environment given.
+    pub fn load_from(
+        path: &Path,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> anyhow::Result<AgentConfig> {
+        let config: AgentConfig =
+            kiln_settings::load(kiln_settings::Service::Agent, Some(path), env)
+                .with_context(|| format!("reading agent settings {}", path.display()))?;
         config.validate()?;
         Ok(config)
     }
@@ -230,5 +226,33 @@ mod tests {
         assert!(!c.fail_fast.rma && c.fail_fast.repeated);
         assert_eq!(c.remediation.reset_gpu, "nvidia-smi -r -i {gpus}");
         assert!(c.remediation.reboot.is_empty());
+    }
+
+    #[test]
+    fn environment_variables_reach_keys_inside_sections() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("agent.toml");
+        std::fs::write(&p, "playbook = \"a.yaml\"\n[ssh]\nuser = \"kiln\"\n").expect("write");
+        let env = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let c = AgentConfig::load_from(
+            &p,
+            env(&[
+                ("KILN_AGENT__SSH__USER", "burnin"),
+                ("KILN_AGENT__REDFISH__PASSWORD", "s3cret"),
+                ("KILN_AGENT__AGENT_ID", "bastion-3"),
+            ]),
+        )
+        .expect("load");
+        assert_eq!(c.ssh.user, "burnin");
+        assert_eq!(c.redfish.password.as_deref(), Some("s3cret"));
+        assert_eq!(c.agent_id, "bastion-3");
+        let err = AgentConfig::load_from(&p, env(&[("KILN_AGENT__SSH__USR", "x")]))
+            .expect_err("unknown key refused");
+        assert!(format!("{err:#}").contains("usr"), "{err:#}");
     }
 }

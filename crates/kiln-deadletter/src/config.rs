@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use config::{Config, Environment, File, FileFormat};
 use serde::{Deserialize, Serialize};
 
 use crate::schedule::Schedule;
@@ -176,28 +175,13 @@ impl SmtpConfig {
 }
 
 impl DeadletterConfig {
-    /// Defaults, then `path` (if given), then `KILN_DEADLETTER__*` variables; validated.
+    /// Defaults, then `path` (if given), then `KILN_DEADLETTER__<SECTION>__<KEY>` variables
+    /// (`kiln_settings::load`); validated.
     pub fn load(path: Option<&Path>) -> anyhow::Result<DeadletterConfig> {
-        let defaults = Config::try_from(&DeadletterConfig::default())
-            .context("encoding the built-in defaults")?;
-        let mut builder = Config::builder().add_source(defaults);
-        if let Some(path) = path {
-            if !path.exists() {
-                bail!("deadletter settings file {} does not exist", path.display());
-            }
-            builder = builder.add_source(File::from(path).format(FileFormat::Toml));
-        }
         let shown = path.map_or("(no file)".to_string(), |p| p.display().to_string());
-        let config: DeadletterConfig = builder
-            .add_source(
-                Environment::with_prefix("KILN_DEADLETTER")
-                    .prefix_separator("__")
-                    .separator("__")
-                    .try_parsing(true),
-            )
-            .build()
-            .and_then(|c| c.try_deserialize())
-            .with_context(|| format!("reading deadletter settings {shown}"))?;
+        let config: DeadletterConfig =
+            kiln_settings::load(kiln_settings::Service::Deadletter, path, std::env::vars())
+                .with_context(|| format!("reading deadletter settings {shown}"))?;
         config
             .validate()
             .with_context(|| format!("deadletter settings {shown}"))?;

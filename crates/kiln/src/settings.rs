@@ -1,15 +1,12 @@
-//! Layered settings: built-in defaults, then a TOML file, then `KILN_` environment
-//! variables (`__` separates nested keys: `KILN_LOG__RETENTION_MS=3600000`), then flags.
-
-use std::collections::HashMap;
+//! Broker settings: `kiln_settings::load` (defaults, the TOML file, then
+//! `KILN_BROKER__<SECTION>__<KEY>` variables, e.g. `KILN_BROKER__LOG__RETENTION_MS=3600000`),
+//! then flags.
 
 use anyhow::Context;
-use config::{Config, Environment, File, FileFormat};
 use kiln_broker::BrokerConfig;
+use kiln_settings::Service;
 
 use crate::broker_cmd::BrokerArgs;
-
-const ENV_PREFIX: &str = "KILN_";
 
 pub fn broker_config(args: &BrokerArgs) -> anyhow::Result<BrokerConfig> {
     broker_config_from(args, std::env::vars())
@@ -19,25 +16,9 @@ fn broker_config_from(
     args: &BrokerArgs,
     env: impl Iterator<Item = (String, String)>,
 ) -> anyhow::Result<BrokerConfig> {
-    let defaults =
-        Config::try_from(&BrokerConfig::default()).context("encoding the built-in defaults")?;
-    let mut builder = Config::builder().add_source(defaults);
-    if let Some(path) = &args.config {
-        if !path.exists() {
-            anyhow::bail!("settings file {} does not exist", path.display());
-        }
-        builder = builder.add_source(File::from(path.as_path()).format(FileFormat::Toml));
-    }
-    builder = builder.add_source(
-        Environment::default()
-            .separator("__")
-            .try_parsing(true)
-            .source(Some(broker_env(env))),
-    );
-    let mut config: BrokerConfig = builder
-        .build()
-        .and_then(|c| c.try_deserialize())
-        .context("reading broker settings")?;
+    let mut config: BrokerConfig =
+        kiln_settings::load(Service::Broker, args.config.as_deref(), env)
+            .context("reading broker settings")?;
     if let Some(listen) = args.listen {
         config.listen = listen;
     }
@@ -55,26 +36,6 @@ fn broker_config_from(
     }
     config.validate().map_err(anyhow::Error::msg)?;
     Ok(config)
-}
-
-/// The `KILN_` variables that name broker settings, prefix stripped and lower-cased.
-/// Variables meant for other commands (`KILN_BOOTSTRAP`, `KILN_LOG_LEVEL`, `KILN_CONFIG`) are left out,
-/// so they cannot trip the broker's unknown-key check.
-fn broker_env(env: impl Iterator<Item = (String, String)>) -> HashMap<String, String> {
-    let known = known_keys();
-    env.filter_map(|(key, value)| {
-        let rest = key.strip_prefix(ENV_PREFIX)?.to_ascii_lowercase();
-        let top = rest.split("__").next().unwrap_or_default().to_string();
-        known.contains(&top).then_some((rest, value))
-    })
-    .collect()
-}
-
-fn known_keys() -> Vec<String> {
-    match serde_json::to_value(BrokerConfig::default()) {
-        Ok(serde_json::Value::Object(map)) => map.keys().cloned().collect(),
-        _ => Vec::new(),
-    }
 }
 
 #[cfg(test)]
@@ -115,8 +76,8 @@ mod tests {
         let c = broker_config_from(
             &args,
             env(&[
-                ("KILN_DEFAULT_PARTITIONS", "6"),
-                ("KILN_LOG__SEGMENT_BYTES", "65536"),
+                ("KILN_BROKER__DEFAULT_PARTITIONS", "6"),
+                ("KILN_BROKER__LOG__SEGMENT_BYTES", "65536"),
                 ("KILN_BOOTSTRAP", "ignored:1"),
             ]),
         )
@@ -195,6 +156,19 @@ mod tests {
             }
         }
         assert_eq!((brokers, agents), (3, 1));
+    }
+
+    #[test]
+    fn a_variable_of_the_earlier_scheme_is_refused_with_its_new_name() {
+        let err = format!(
+            "{:#}",
+            broker_config_from(
+                &BrokerArgs::default(),
+                env(&[("KILN_LOG__RETENTION_MS", "1")])
+            )
+            .unwrap_err()
+        );
+        assert!(err.contains("KILN_BROKER__LOG__RETENTION_MS"), "{err}");
     }
 
     #[test]
