@@ -26,6 +26,8 @@ pub fn partition_error_code(error: &PartitionError) -> ResponseError {
         // Also a replica that stopped leading mid-request: the client refreshes metadata and
         // retries at the new leader.
         PartitionError::NotLeader { .. } => ResponseError::NotLeaderOrFollower,
+        // Nothing written; the client retries (the quorum is slow or stalled).
+        PartitionError::QueueFull { .. } => ResponseError::NotEnoughReplicas,
         PartitionError::InvalidBatch(e) => log_error_code(e),
         PartitionError::OffsetOutOfRange { .. } => ResponseError::OffsetOutOfRange,
         PartitionError::OutOfOrderSequence { .. } => ResponseError::OutOfOrderSequenceNumber,

@@ -54,6 +54,10 @@ pub enum PartitionError {
         expected: i32,
         got: i32,
     },
+    /// The proposer's queue is full (the quorum is slow or stalled): nothing was written; retry
+    /// later (Kafka: NOT_ENOUGH_REPLICAS, retriable).
+    #[error("{queued} bytes are queued for replication (at most {max}): retry later")]
+    QueueFull { queued: usize, max: usize },
     /// An idempotent producer's batch of an older epoch than its last (Kafka:
     /// INVALID_PRODUCER_EPOCH): a fenced instance.
     #[error("producer {producer_id}: epoch {got} is older than its epoch {current}")]
@@ -96,6 +100,10 @@ impl PartitionError {
                 current: *current,
                 got: *got,
             },
+            PartitionError::QueueFull { queued, max } => PartitionError::QueueFull {
+                queued: *queued,
+                max: *max,
+            },
             other => PartitionError::Stopped(other.to_string()),
         }
     }
@@ -112,6 +120,10 @@ pub const ELECTION_TIMEOUT_MAX_MS: u64 = 600;
 pub const PAYLOAD_ENTRIES_MAX: u64 = 4;
 /// The proposer joins queued appends into entries of up to this many bytes.
 pub const ENTRY_BYTES_MAX: usize = 1 << 20;
+/// Record bytes a partition's proposer holds queued (submitted, not yet proposed); past it an
+/// append is refused at once with [`PartitionError::QueueFull`] (retriable), so a stalled
+/// quorum with producers retrying costs bounded memory.
+pub const PROPOSER_QUEUE_BYTES_MAX: usize = 64 << 20;
 
 /// The production settings: [`raft_config`] with the timings above.
 pub fn production_config() -> Config {
@@ -156,6 +168,8 @@ pub struct StartOptions {
     pub enforce_guard: bool,
     /// The proposer's entry size bound ([`ENTRY_BYTES_MAX`] by default).
     pub max_entry_bytes: usize,
+    /// The proposer's queue bound ([`PROPOSER_QUEUE_BYTES_MAX`] by default).
+    pub max_queued_bytes: usize,
     /// A table group snapshots after this many applied entries.
     pub table_snapshot_every: u64,
 }
@@ -179,6 +193,7 @@ impl StartOptions {
             repairable: true,
             enforce_guard: true,
             max_entry_bytes: ENTRY_BYTES_MAX,
+            max_queued_bytes: PROPOSER_QUEUE_BYTES_MAX,
             table_snapshot_every: crate::state_machine::TABLE_SNAPSHOT_EVERY_ENTRIES,
         }
     }
@@ -245,7 +260,12 @@ impl ReplicatedPartition {
             pause_max,
         ));
         tokio::spawn(take_snapshots(raft.clone(), state.clone()));
-        let proposer = Proposer::start(raft.clone(), state.clone(), opts.max_entry_bytes);
+        let proposer = Proposer::start(
+            raft.clone(),
+            state.clone(),
+            opts.max_entry_bytes,
+            opts.max_queued_bytes,
+        );
         Ok((
             ReplicatedPartition {
                 id: opts.id,

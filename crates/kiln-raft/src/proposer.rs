@@ -21,7 +21,7 @@
 //! rebuild.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,6 +57,8 @@ struct Proposal {
     reply: oneshot::Sender<Result<AppendAck, PartitionError>>,
     /// The Kafka offset its first record will take, as the proposer counts (pair-checked).
     expected_base: Option<i64>,
+    /// Dropped unwritten if nobody waits for it any more ([`Proposer::submit_produce`]).
+    abandonable: bool,
 }
 
 enum What {
@@ -83,22 +85,33 @@ impl Proposal {
 /// Cheap to clone; the proposing task ends when every clone is dropped.
 #[derive(Clone)]
 pub struct Proposer {
-    /// Unbounded here because `submit` must not wait (it runs while requests are dispatched in
-    /// order); the bound is the caller's: the broker has at most `max_connections` ×
-    /// `max_in_flight_per_connection` requests in flight, each at most `max_batch_bytes`.
+    /// A channel without a count bound because `submit` must not wait (it runs while requests
+    /// are dispatched in order); bounded in bytes instead (`queued`): past `max_queued` an
+    /// append is refused at once. Commands carry no records and are never refused.
     queue: mpsc::UnboundedSender<Proposal>,
     /// The proposing task's slots, for [`Proposer::entries_in_flight`].
     slots: Arc<Semaphore>,
+    /// Record bytes submitted and not yet taken by the proposing task, at most `max_queued`.
+    queued: Arc<AtomicUsize>,
+    max_queued: usize,
 }
 
 impl Proposer {
     /// Starts the proposing task for the Raft node `raft` (on the current tokio runtime). The
     /// task holds only the Raft handle, so a partition can own its proposer.
     /// `state`: the partition's state machine (its producer table and high watermark).
-    pub fn start(raft: Raft, state: StateMachine, max_entry_bytes: usize) -> Proposer {
+    /// `max_queued_bytes`: see [`crate::partition::PROPOSER_QUEUE_BYTES_MAX`].
+    pub fn start(
+        raft: Raft,
+        state: StateMachine,
+        max_entry_bytes: usize,
+        max_queued_bytes: usize,
+    ) -> Proposer {
         let (queue, rx) = mpsc::unbounded_channel();
         let slots = Arc::new(Semaphore::new(ENTRIES_IN_FLIGHT));
+        let queued = Arc::new(AtomicUsize::new(0));
         let run = Run {
+            queued: Arc::clone(&queued),
             raft,
             state,
             rx,
@@ -108,7 +121,12 @@ impl Proposer {
             stale: Arc::new(AtomicBool::new(false)),
         };
         tokio::spawn(run.run());
-        Proposer { queue, slots }
+        Proposer {
+            queue,
+            slots,
+            queued,
+            max_queued: max_queued_bytes,
+        }
     }
 
     /// Entries proposed and not yet committed or refused (at most `ENTRIES_IN_FLIGHT`; the
@@ -119,20 +137,46 @@ impl Proposer {
 
     /// Queues `batches` (validated here: lengths, magic, CRC32C) behind every earlier submit.
     /// The receiver resolves once the append is committed (fsynced on a majority) or refused.
+    /// Never refused for a full queue and never dropped: for writers whose in-memory state
+    /// counts on every submit reaching the log (the offsets and metadata groups).
     pub fn submit(&self, batches: Bytes) -> AppendReceiver {
+        self.submit_records(batches, false)
+    }
+
+    /// As [`Proposer::submit`], for a producer's request: refused at once with
+    /// [`PartitionError::QueueFull`] past the queue bound, and dropped unwritten if its
+    /// receiver is gone before it is proposed (the produce timed out; the client retries).
+    pub fn submit_produce(&self, batches: Bytes) -> AppendReceiver {
+        self.submit_records(batches, true)
+    }
+
+    fn submit_records(&self, batches: Bytes, abandonable: bool) -> AppendReceiver {
         let (reply, rx) = oneshot::channel();
         let records = kiln_log::batch::validate_batches(&batches)
             .map_err(PartitionError::from)
             .and_then(|_| kiln_log::batch::count_records(&batches).map_err(PartitionError::from));
+        let len = batches.len();
         match records {
             Err(e) => {
                 let _ = reply.send(Err(e));
             }
-            Ok(records) => self.enqueue(Proposal {
-                what: What::Records { batches, records },
-                reply,
-                expected_base: None,
-            }),
+            Ok(_) if abandonable && !self.reserve(len) => {
+                let _ = reply.send(Err(PartitionError::QueueFull {
+                    queued: self.queued_bytes(),
+                    max: self.max_queued,
+                }));
+            }
+            Ok(records) => {
+                if !abandonable {
+                    self.queued.fetch_add(len, Ordering::AcqRel);
+                }
+                self.enqueue(Proposal {
+                    what: What::Records { batches, records },
+                    reply,
+                    expected_base: None,
+                    abandonable,
+                })
+            }
         }
         rx
     }
@@ -144,12 +188,29 @@ impl Proposer {
             what: What::Command(command),
             reply,
             expected_base: None,
+            abandonable: false,
         });
         rx
     }
 
+    /// Record bytes queued now.
+    pub fn queued_bytes(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
+    }
+
+    /// Counts `len` more queued bytes, unless that would pass the bound (the internal
+    /// writers' bytes count too, but they are never refused).
+    fn reserve(&self, len: usize) -> bool {
+        self.queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                q.checked_add(len).filter(|&n| n <= self.max_queued)
+            })
+            .is_ok()
+    }
+
     fn enqueue(&self, proposal: Proposal) {
         if let Err(mpsc::error::SendError(p)) = self.queue.send(proposal) {
+            release(&self.queued, p.len());
             let _ = p.reply.send(Err(PartitionError::Stopped(
                 "the partition's proposer has stopped".into(),
             )));
@@ -166,7 +227,17 @@ struct Leading {
     next_offset: i64,
 }
 
+/// Takes `len` bytes off the queued count (taken by the proposing task, or never sent).
+fn release(queued: &AtomicUsize, len: usize) {
+    let before = queued.fetch_sub(len, Ordering::AcqRel);
+    assert!(
+        before >= len,
+        "queued bytes {before} below a proposal's {len}"
+    );
+}
+
 struct Run {
+    queued: Arc<AtomicUsize>,
     raft: Raft,
     state: StateMachine,
     rx: mpsc::UnboundedReceiver<Proposal>,
@@ -202,6 +273,11 @@ impl Run {
             let Ok(slot) = Arc::clone(&self.slots).acquire_owned().await else {
                 return;
             };
+            // Looked at only now that a slot is free: a producer that gave up while it waited
+            // is not written.
+            let Some(first) = self.taken(first) else {
+                continue;
+            };
             if let Err(e) = self.ensure_leading().await {
                 let _ = first.reply.send(Err(e));
                 self.refuse_queued();
@@ -223,6 +299,9 @@ impl Run {
                         break;
                     }
                     Ok(next) => {
+                        let Some(next) = self.taken(next) else {
+                            continue;
+                        };
                         if let Prepared::Write(next) = self.prepare(next) {
                             size += next.len();
                             group.push(next);
@@ -233,6 +312,21 @@ impl Run {
             }
             self.write(group, size, slot).await;
         }
+    }
+
+    /// A proposal taken off the queue: its bytes no longer count as queued, and it is dropped
+    /// if nobody waits for its answer any more (the produce timed out and the client will
+    /// retry): proposed now, it would be written behind the retry, twice.
+    fn taken(&self, p: Proposal) -> Option<Proposal> {
+        release(&self.queued, p.len());
+        if p.abandonable && p.reply.is_closed() {
+            tracing::debug!(
+                bytes = p.len(),
+                "dropping an append nobody waits for any more"
+            );
+            return None;
+        }
+        Some(p)
     }
 
     /// Makes sure this replica leads and `leading` is right for its term (see the module docs).
@@ -301,6 +395,7 @@ impl Run {
     /// Answers every proposal already queued with NotLeader (they would fail the same way).
     fn refuse_queued(&mut self) {
         while let Ok(p) = self.rx.try_recv() {
+            release(&self.queued, p.len());
             let leader = self.raft.metrics().borrow().current_leader;
             let _ = p.reply.send(Err(PartitionError::NotLeader { leader }));
         }

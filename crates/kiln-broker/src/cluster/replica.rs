@@ -139,6 +139,7 @@ pub async fn open(p: OpenParams) -> Result<Arc<Replica>, PartitionError> {
         repairable: p.members.len() > 1,
         enforce_guard: true,
         max_entry_bytes: p.max_entry_bytes,
+        max_queued_bytes: kiln_raft::partition::PROPOSER_QUEUE_BYTES_MAX,
         table_snapshot_every: p.table_snapshot_every,
     };
     let (partition, recovery) = ReplicatedPartition::start(opts, network).await?;

@@ -93,7 +93,7 @@ pub fn handle(cluster: &Arc<Cluster>, request: ProduceRequest) -> Reply {
             waiting.push(Waiting {
                 topic: topic_slot,
                 partition: partition_slot,
-                receiver: replica.proposer().submit(records),
+                receiver: replica.proposer().submit_produce(records),
                 counted: topic.clone(),
             });
             partitions.push(response.with_log_start_offset(replica.partition.log_start_offset()));

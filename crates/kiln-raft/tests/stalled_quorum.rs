@@ -1,0 +1,143 @@
+//! A leader whose quorum is gone while producers keep submitting: its proposer's queue stays
+//! within `PROPOSER_QUEUE_BYTES_MAX` (past it appends are refused at once, retriably), and an
+//! append whose producer stopped waiting (a produce that timed out) is never written once the
+//! quorum is back, so it cannot land behind the client's retry. Over real sockets and files.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::BTreeSet;
+
+use bytes::Bytes;
+use kiln_raft::partition::PROPOSER_QUEUE_BYTES_MAX;
+use kiln_raft::sim::build_batch;
+use kiln_raft::{PartitionError, ReplicatedPartition};
+use support::*;
+
+/// One record of `bytes` bytes whose first eight say `i`.
+fn big_record(i: u64, bytes: usize) -> Bytes {
+    let mut value = vec![b'.'; bytes];
+    value[..8].copy_from_slice(&i.to_be_bytes());
+    Bytes::from(build_batch(&[value], 1_700_000_000_000))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stalled_quorum_keeps_the_queue_bounded_and_drops_abandoned_appends() {
+    let dir = tempfile::tempdir().unwrap();
+    let (brokers, peers) = start_cluster(dir.path(), None).await;
+    let leader = {
+        let all: Vec<&ReplicatedPartition> = brokers.iter().map(|b| &b.replica).collect();
+        wait_for_leader(&all).await
+    };
+    let term = leader.leader_epoch().unwrap();
+    // One append while the quorum is whole: the proposer has taken up its term.
+    leader
+        .proposer()
+        .submit(big_record(u64::MAX, 1024))
+        .await
+        .unwrap()
+        .unwrap();
+    // Both followers go away: nothing can commit.
+    let followers: Vec<usize> = (0..3).filter(|&i| brokers[i].id != leader.id()).collect();
+    for &i in &followers {
+        brokers[i].stop().await;
+    }
+
+    // Submit 1 MiB appends until the proposer refuses one.
+    let record_bytes = 1 << 20;
+    let mut waiting = Vec::new();
+    let mut refused = 0;
+    for i in 0..(PROPOSER_QUEUE_BYTES_MAX / record_bytes + 16) as u64 {
+        let mut rx = leader
+            .proposer()
+            .submit_produce(big_record(i, record_bytes));
+        match rx.try_recv() {
+            Ok(Err(PartitionError::QueueFull { queued, max })) => {
+                assert_eq!(max, PROPOSER_QUEUE_BYTES_MAX);
+                assert!(queued <= max, "{queued} queued, bound {max}");
+                refused += 1;
+            }
+            Ok(other) => panic!("append {i} answered while no quorum exists: {other:?}"),
+            Err(_) => waiting.push((i, rx)),
+        }
+        assert!(leader.proposer().queued_bytes() <= PROPOSER_QUEUE_BYTES_MAX);
+    }
+    assert!(
+        refused >= 8,
+        "only {refused} appends refused past the bound"
+    );
+    assert!(
+        leader.proposer().queued_bytes() + 2 * record_bytes > PROPOSER_QUEUE_BYTES_MAX,
+        "the queue filled up to its bound: {} bytes",
+        leader.proposer().queued_bytes()
+    );
+
+    // The producers of every other queued append give up (their produce timed out). The
+    // first few appends are already proposed (in flight in Raft) and will commit regardless.
+    let (kept, abandoned): (Vec<_>, Vec<_>) = waiting.into_iter().partition(|(i, _)| i % 2 == 0);
+    let abandoned: BTreeSet<u64> = abandoned.into_iter().map(|(i, _)| i).collect();
+
+    // The followers come back on their files and addresses; the quorum is whole again.
+    let mut restarted = Vec::new();
+    for &i in &followers {
+        let id = brokers[i].id;
+        let listener = tokio::net::TcpListener::bind(&peers[&id]).await.unwrap();
+        let home = dir.path().join(format!("broker-{id}"));
+        restarted.push(start_broker(id, &home, listener, &peers).await);
+    }
+    let mut acked = BTreeSet::new();
+    for (i, rx) in kept {
+        match rx.await.unwrap() {
+            Ok(_) => {
+                acked.insert(i);
+            }
+            Err(e) => panic!("append {i}: {e}"),
+        }
+    }
+    assert_eq!(
+        leader.leader_epoch(),
+        Some(term),
+        "the leader kept its term (else the queued appends were refused, not dropped)"
+    );
+
+    // What the log holds: every acknowledged append, and of the abandoned ones only those the
+    // proposer had already handed to Raft before their producers gave up.
+    let hw = leader.high_watermark();
+    let mut written = BTreeSet::new();
+    let mut offset = 0;
+    while offset < hw {
+        let read = leader.read(offset, 4 << 20).unwrap();
+        for b in kiln_log::batch::batches(&read.records) {
+            let b = b.unwrap();
+            if b.bytes.len() > record_bytes {
+                let value = &b.bytes[b.bytes.len() - record_bytes - 1..];
+                written.insert(u64::from_be_bytes(value[..8].try_into().unwrap()));
+            }
+            offset = b.header.base_offset + 1;
+        }
+    }
+    assert!(
+        acked.is_subset(&written),
+        "an acknowledged append is missing"
+    );
+    let late: Vec<u64> = abandoned.intersection(&written).copied().collect();
+    assert!(
+        late.iter().all(|&i| i < 8),
+        "abandoned appends written after the quorum returned: {late:?}"
+    );
+    assert!(
+        abandoned.iter().filter(|&&i| i >= 8).count() > 20,
+        "the test abandoned too few queued appends"
+    );
+    println!(
+        "{} appends refused past {} MiB queued; {} acknowledged; {} abandoned, {} of them written (already proposed)",
+        refused,
+        PROPOSER_QUEUE_BYTES_MAX >> 20,
+        acked.len(),
+        abandoned.len(),
+        late.len()
+    );
+    for b in restarted.iter().chain(brokers.iter()) {
+        b.stop().await;
+    }
+}
