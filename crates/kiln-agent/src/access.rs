@@ -76,8 +76,9 @@ pub enum RedfishAuthKind {
     Session,
 }
 
-/// `[redfish]`: how the agent talks to a node's BMC (`https://<bmc_address>`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `[redfish]`: how the agent talks to a node's BMC (`https://<bmc_address>`). Its `Debug`
+/// leaves the password out.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedfishSettings {
     pub auth: RedfishAuthKind,
@@ -95,6 +96,26 @@ pub struct RedfishSettings {
     pub retries: u32,
     pub retry_backoff_ms: u64,
 }
+
+impl std::fmt::Debug for RedfishSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedfishSettings")
+            .field("auth", &self.auth)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| REDACTED))
+            .field("password_file", &self.password_file)
+            .field("ca_file", &self.ca_file)
+            .field("insecure_accept_any_cert", &self.insecure_accept_any_cert)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("request_timeout_ms", &self.request_timeout_ms)
+            .field("retries", &self.retries)
+            .field("retry_backoff_ms", &self.retry_backoff_ms)
+            .finish()
+    }
+}
+
+/// What a secret's `Debug` shows.
+const REDACTED: &str = "[redacted]";
 
 impl Default for RedfishSettings {
     fn default() -> Self {

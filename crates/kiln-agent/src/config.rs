@@ -250,6 +250,10 @@ mod tests {
         .expect("load");
         assert_eq!(c.ssh.user, "burnin");
         assert_eq!(c.redfish.password.as_deref(), Some("s3cret"));
+        assert!(
+            !format!("{c:?}").contains("s3cret"),
+            "the password is in Debug"
+        );
         assert_eq!(c.agent_id, "bastion-3");
         let err = AgentConfig::load_from(&p, env(&[("KILN_AGENT__SSH__USR", "x")]))
             .expect_err("unknown key refused");

@@ -78,7 +78,8 @@ pub enum Security {
     Plain,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `[smtp]`. Its `Debug` leaves the password out.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SmtpConfig {
     pub host: String,
@@ -96,6 +97,29 @@ pub struct SmtpConfig {
     pub ca_file: PathBuf,
     /// Name sent in EHLO; empty: this machine's hostname.
     pub hello_name: String,
+}
+
+impl std::fmt::Debug for SmtpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SmtpConfig")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("security", &self.security)
+            .field("username", &self.username)
+            .field(
+                "password",
+                &if self.password.is_empty() {
+                    ""
+                } else {
+                    "[redacted]"
+                },
+            )
+            .field("password_file", &self.password_file)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("ca_file", &self.ca_file)
+            .field("hello_name", &self.hello_name)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -220,6 +244,15 @@ impl DeadletterConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_leaves_the_smtp_password_out() {
+        let mut c = DeadletterConfig::default();
+        c.smtp.password = "hunter2-smtp".into();
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("hunter2-smtp"), "{shown}");
+        assert!(shown.contains("[redacted]"), "{shown}");
+    }
 
     #[test]
     fn defaults_file_and_errors() {

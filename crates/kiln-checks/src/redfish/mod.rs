@@ -24,7 +24,8 @@ pub const MEMBERS_MAX: usize = 10_000;
 /// Most pages followed in one collection.
 pub const PAGES_MAX: usize = 100;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How to authenticate to a BMC. Its `Debug` leaves the password out.
+#[derive(Clone, PartialEq, Eq)]
 pub enum Auth {
     None,
     Basic {
@@ -36,6 +37,24 @@ pub enum Auth {
         user: String,
         password: String,
     },
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Auth::None => f.write_str("None"),
+            Auth::Basic { user, .. } => f
+                .debug_struct("Basic")
+                .field("user", user)
+                .field("password", &"[redacted]")
+                .finish(),
+            Auth::Session { user, .. } => f
+                .debug_struct("Session")
+                .field("user", user)
+                .field("password", &"[redacted]")
+                .finish(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,10 +132,20 @@ impl RedfishError {
     }
 }
 
-#[derive(Debug, Clone)]
+/// A Redfish session; its `Debug` leaves the token out.
+#[derive(Clone)]
 struct Session {
     token: String,
     location: Option<String>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("token", &"[redacted]")
+            .field("location", &self.location)
+            .finish()
+    }
 }
 
 pub struct RedfishClient {
@@ -505,4 +534,27 @@ pub(crate) fn text(v: &Value, pointer: &str) -> Option<String> {
 
 pub(crate) fn odata_id(v: &Value) -> Option<String> {
     text(v, "/@odata.id")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_leaves_passwords_and_tokens_out() {
+        let auth = Auth::Session {
+            user: "admin".into(),
+            password: "bmc-pass-42".into(),
+        };
+        let session = Session {
+            token: "tok-9f3a".into(),
+            location: None,
+        };
+        let shown = format!("{auth:?} {session:?}");
+        assert!(
+            !shown.contains("bmc-pass-42") && !shown.contains("tok-9f3a"),
+            "{shown}"
+        );
+        assert!(shown.contains("admin"), "{shown}");
+    }
 }
