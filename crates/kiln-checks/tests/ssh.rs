@@ -45,6 +45,10 @@ fn keygen(path: &Path) {
     );
 }
 
+/// Ports handed to this process's sshd instances.
+static PORTS_TAKEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
 impl Sshd {
     fn start() -> Option<Sshd> {
         let bin = std::env::var_os("KILN_SSHD")
@@ -71,10 +75,18 @@ impl Sshd {
         keygen(&p("host_key"));
         keygen(&p("client_key"));
         std::fs::copy(p("client_key.pub"), p("authorized_keys")).expect("authorized_keys");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
+        // Tests run in parallel threads: two that drew the same free port would find each
+        // other's sshd listening, and one would lose it when the other ends.
+        let port = loop {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("free port")
+                .port();
+            let mut taken = PORTS_TAKEN.lock().unwrap_or_else(|p| p.into_inner());
+            if taken.insert(port) {
+                break port;
+            }
+        };
         let config = format!(
             "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nPidFile {}\nAuthorizedKeysFile {}\n\
              PasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\n\
