@@ -21,11 +21,11 @@ CONSUMER_SCRIPT = TESTS_DIR / "groups_consumer.py"
 
 def start_group_broker(make_broker, monkeypatch, **settings) -> Broker:
     """Starts a broker with its metrics endpoint on a free port (b.metrics_port) and any broker
-    settings given as keyword arguments (passed as KILN_<NAME> environment variables)."""
+    settings given as keyword arguments (passed as KILN_BROKER__<NAME> environment variables)."""
     port = free_port()
     monkeypatch.setenv("KILN_BROKER__METRICS_LISTEN", f"127.0.0.1:{port}")
     for name, value in settings.items():
-        monkeypatch.setenv(f"KILN_{name.upper()}", str(value))
+        monkeypatch.setenv(f"KILN_BROKER__{name.upper()}", str(value))
     b = make_broker()
     b.metrics_port = port
     return b
