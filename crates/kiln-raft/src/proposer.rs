@@ -140,17 +140,19 @@ impl Proposer {
     /// Never refused for a full queue and never dropped: for writers whose in-memory state
     /// counts on every submit reaching the log (the offsets and metadata groups).
     pub fn submit(&self, batches: Bytes) -> AppendReceiver {
-        self.submit_records(batches, false)
+        self.submit_records(batches, false, false)
     }
 
     /// As [`Proposer::submit`], for a producer's request: refused at once with
-    /// [`PartitionError::QueueFull`] past the queue bound, and dropped unwritten if its
-    /// receiver is gone before it is proposed (the produce timed out; the client retries).
-    pub fn submit_produce(&self, batches: Bytes) -> AppendReceiver {
-        self.submit_records(batches, true)
+    /// [`PartitionError::QueueFull`] past the queue bound. With `answered` (acks 1 or all), it
+    /// is also dropped unwritten if its receiver is gone before it is proposed (the produce
+    /// timed out; the client retries). An acks=0 produce is never answered, so its receiver is
+    /// dropped at once: it must be written all the same.
+    pub fn submit_produce(&self, batches: Bytes, answered: bool) -> AppendReceiver {
+        self.submit_records(batches, true, answered)
     }
 
-    fn submit_records(&self, batches: Bytes, abandonable: bool) -> AppendReceiver {
+    fn submit_records(&self, batches: Bytes, bounded: bool, abandonable: bool) -> AppendReceiver {
         let (reply, rx) = oneshot::channel();
         let records = kiln_log::batch::validate_batches(&batches)
             .map_err(PartitionError::from)
@@ -160,14 +162,14 @@ impl Proposer {
             Err(e) => {
                 let _ = reply.send(Err(e));
             }
-            Ok(_) if abandonable && !self.reserve(len) => {
+            Ok(_) if bounded && !self.reserve(len) => {
                 let _ = reply.send(Err(PartitionError::QueueFull {
                     queued: self.queued_bytes(),
                     max: self.max_queued,
                 }));
             }
             Ok(records) => {
-                if !abandonable {
+                if !bounded {
                     self.queued.fetch_add(len, Ordering::AcqRel);
                 }
                 self.enqueue(Proposal {

@@ -50,7 +50,7 @@ async fn a_stalled_quorum_keeps_the_queue_bounded_and_drops_abandoned_appends() 
     for i in 0..(PROPOSER_QUEUE_BYTES_MAX / record_bytes + 16) as u64 {
         let mut rx = leader
             .proposer()
-            .submit_produce(big_record(i, record_bytes));
+            .submit_produce(big_record(i, record_bytes), true);
         match rx.try_recv() {
             Ok(Err(PartitionError::QueueFull { queued, max })) => {
                 assert_eq!(max, PROPOSER_QUEUE_BYTES_MAX);

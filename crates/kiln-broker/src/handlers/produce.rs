@@ -93,7 +93,9 @@ pub fn handle(cluster: &Arc<Cluster>, request: ProduceRequest) -> Reply {
             waiting.push(Waiting {
                 topic: topic_slot,
                 partition: partition_slot,
-                receiver: replica.proposer().submit_produce(records),
+                receiver: replica
+                    .proposer()
+                    .submit_produce(records, request.acks != 0),
                 counted: topic.clone(),
             });
             partitions.push(response.with_log_start_offset(replica.partition.log_start_offset()));
