@@ -162,23 +162,18 @@ impl Proposer {
             Err(e) => {
                 let _ = reply.send(Err(e));
             }
-            Ok(_) if bounded && !self.reserve(len) => {
+            Ok(_) if !self.reserve(len, bounded) => {
                 let _ = reply.send(Err(PartitionError::QueueFull {
                     queued: self.queued_bytes(),
                     max: self.max_queued,
                 }));
             }
-            Ok(records) => {
-                if !bounded {
-                    self.queued.fetch_add(len, Ordering::AcqRel);
-                }
-                self.enqueue(Proposal {
-                    what: What::Records { batches, records },
-                    reply,
-                    expected_base: None,
-                    abandonable,
-                })
-            }
+            Ok(records) => self.enqueue(Proposal {
+                what: What::Records { batches, records },
+                reply,
+                expected_base: None,
+                abandonable,
+            }),
         }
         rx
     }
@@ -200,12 +195,13 @@ impl Proposer {
         self.queued.load(Ordering::Acquire)
     }
 
-    /// Counts `len` more queued bytes, unless that would pass the bound (the internal
-    /// writers' bytes count too, but they are never refused).
-    fn reserve(&self, len: usize) -> bool {
+    /// Counts `len` more queued bytes, unless `bounded` and that would pass the bound (the
+    /// internal writers' bytes count too, but they are never refused).
+    fn reserve(&self, len: usize, bounded: bool) -> bool {
+        let max = if bounded { self.max_queued } else { usize::MAX };
         self.queued
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-                q.checked_add(len).filter(|&n| n <= self.max_queued)
+                q.checked_add(len).filter(|&n| n <= max)
             })
             .is_ok()
     }
@@ -361,8 +357,8 @@ impl Run {
                 tracing::debug!(error = %e, "not the leader after all");
                 return false;
             }
-            // Everything in the log applied, looked at every `LEADERSHIP_POLL` (see
-            // `leadership_lost` for why not on the metrics channel).
+            // Looked at every `LEADERSHIP_POLL` (see `leadership_lost` for why not on the
+            // metrics channel).
             let last = raft.metrics().borrow().last_log_index;
             loop {
                 let applied = raft.metrics().borrow().last_applied.map(|l| l.index);
@@ -520,8 +516,10 @@ impl Run {
         // `client_write_ff` hands the entry to Raft before it returns, so entries enter the
         // log in the order of this loop; only the wait for the commit runs concurrently.
         let stale = self.stale.clone();
-        let term = self.leading.as_ref().map(|l| l.term);
-        debug_assert!(term.is_some(), "a write prepared while not leading");
+        // `prepare` wrote nothing unless this replica was leading.
+        let Some(term) = self.leading.as_ref().map(|l| l.term) else {
+            unreachable!("a write prepared while not leading");
+        };
         let metrics = self.raft.metrics();
         match self.raft.client_write_ff(payload).await {
             Err(fatal) => {
@@ -594,19 +592,15 @@ impl Run {
     }
 }
 
-/// Resolves once the Raft node no longer leads `term` (at once if `term` is unknown), or
-/// stopped. It looks every [`LEADERSHIP_POLL`] rather than waiting on the metrics channel: a
+/// Resolves once the Raft node no longer leads `term`, or stopped. It looks every [`LEADERSHIP_POLL`] rather than waiting on the metrics channel: a
 /// tokio `watch` wakes its waiters in a random order, which would make the simulation's
 /// replays differ, and a few timers per partition with writes in flight cost nothing.
 async fn leadership_lost(
     metrics: tokio::sync::watch::Receiver<
         openraft::RaftMetrics<crate::types::NodeId, openraft::EmptyNode>,
     >,
-    term: Option<u64>,
+    term: u64,
 ) {
-    let Some(term) = term else {
-        return;
-    };
     loop {
         tokio::time::sleep(LEADERSHIP_POLL).await;
         if metrics.has_changed().is_err() {

@@ -20,10 +20,7 @@ use support::*;
 async fn a_stale_leader_cannot_truncate_a_replica_that_lost_its_vote_record() {
     let dir = tempfile::tempdir().unwrap();
     let (brokers, peers) = start_cluster(dir.path(), None).await;
-    let first = {
-        let all: Vec<&ReplicatedPartition> = brokers.iter().map(|b| &b.replica).collect();
-        wait_for_leader(&all).await
-    };
+    let first = wait_for_leader_of(&brokers).await;
     for i in 0..10 {
         first.append(Bytes::from(record(i))).await.unwrap();
     }

@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use bytes::Bytes;
 use kiln_raft::partition::PROPOSER_QUEUE_BYTES_MAX;
 use kiln_raft::sim::build_batch;
-use kiln_raft::{PartitionError, ReplicatedPartition};
+use kiln_raft::PartitionError;
 use support::*;
 
 /// One record of `bytes` bytes whose first eight say `i`.
@@ -25,10 +25,7 @@ fn big_record(i: u64, bytes: usize) -> Bytes {
 async fn a_stalled_quorum_keeps_the_queue_bounded_and_drops_abandoned_appends() {
     let dir = tempfile::tempdir().unwrap();
     let (brokers, peers) = start_cluster(dir.path(), None).await;
-    let leader = {
-        let all: Vec<&ReplicatedPartition> = brokers.iter().map(|b| &b.replica).collect();
-        wait_for_leader(&all).await
-    };
+    let leader = wait_for_leader_of(&brokers).await;
     let term = leader.leader_epoch().unwrap();
     // One append while the quorum is whole: the proposer has taken up its term.
     leader

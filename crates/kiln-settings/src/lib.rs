@@ -227,42 +227,35 @@ mod tests {
         assert_eq!(s, Settings::default());
     }
 
+    /// The error `load` gives, as text.
+    fn refusal(service: Service, file: Option<&Path>, vars: &[(&str, &str)]) -> String {
+        load::<Settings>(service, file, env(vars))
+            .unwrap_err()
+            .to_string()
+    }
+
     #[test]
     fn every_bad_key_or_value_is_named() {
-        let err = load::<Settings>(Service::Agent, None, env(&[("KILN_AGENT__SSH__USR", "x")]))
-            .unwrap_err()
-            .to_string();
+        let err = refusal(Service::Agent, None, &[("KILN_AGENT__SSH__USR", "x")]);
         assert!(err.contains("usr"), "{err}");
-        let err = load::<Settings>(
+        let err = refusal(
             Service::Agent,
             None,
-            env(&[("KILN_AGENT__MAX_ATTEMPTS", "many")]),
-        )
-        .unwrap_err()
-        .to_string();
+            &[("KILN_AGENT__MAX_ATTEMPTS", "many")],
+        );
         assert!(err.contains("max_attempts"), "{err}");
         let mut file = tempfile::NamedTempFile::new().unwrap();
         writeln!(file, "agnet_id = \"x\"").unwrap();
-        let err = load::<Settings>(Service::Agent, Some(file.path()), env(&[]))
-            .unwrap_err()
-            .to_string();
+        let err = refusal(Service::Agent, Some(file.path()), &[]);
         assert!(err.contains("agnet_id"), "{err}");
         assert!(err.contains(&file.path().display().to_string()), "{err}");
-        let err = load::<Settings>(
-            Service::Agent,
-            Some(Path::new("/nonexistent.toml")),
-            env(&[]),
-        )
-        .unwrap_err()
-        .to_string();
+        let err = refusal(Service::Agent, Some(Path::new("/nonexistent.toml")), &[]);
         assert!(err.contains("does not exist"), "{err}");
     }
 
     #[test]
     fn the_brokers_earlier_names_are_refused_with_their_new_name() {
-        let err = load::<Settings>(Service::Broker, None, env(&[("KILN_SSH__PORT", "1")]))
-            .unwrap_err()
-            .to_string();
+        let err = refusal(Service::Broker, None, &[("KILN_SSH__PORT", "1")]);
         assert!(err.contains("KILN_BROKER__SSH__PORT"), "{err}");
         // Variables of other commands name no broker setting and are left alone.
         let s: Settings = load(

@@ -219,6 +219,12 @@ pub async fn wait_for_leader(replicas: &[&ReplicatedPartition]) -> ReplicatedPar
     found.expect("no leader elected in time")
 }
 
+/// [`wait_for_leader`] among the replicas of `brokers`.
+pub async fn wait_for_leader_of(brokers: &[Broker]) -> ReplicatedPartition {
+    let all: Vec<&ReplicatedPartition> = brokers.iter().map(|b| &b.replica).collect();
+    wait_for_leader(&all).await
+}
+
 pub async fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
     let done = tokio::time::timeout(WAIT, async {
         while !ok() {
