@@ -74,13 +74,15 @@ async fn a_stalled_quorum_keeps_the_queue_bounded_and_drops_abandoned_appends() 
     let (kept, abandoned): (Vec<_>, Vec<_>) = waiting.into_iter().partition(|(i, _)| i % 2 == 0);
     let abandoned: BTreeSet<u64> = abandoned.into_iter().map(|(i, _)| i).collect();
 
-    // The followers come back on their files and addresses; the quorum is whole again.
+    // The followers come back on their files and addresses; the quorum is whole again. They
+    // stand for no election meanwhile: one that did would take the term (its log is as long
+    // as the other's), and the queued appends would be refused, which is another test.
     let mut restarted = Vec::new();
     for &i in &followers {
         let id = brokers[i].id;
         let listener = tokio::net::TcpListener::bind(&peers[&id]).await.unwrap();
         let home = dir.path().join(format!("broker-{id}"));
-        restarted.push(start_broker(id, &home, listener, &peers).await);
+        restarted.push(start_patient_follower(id, &home, listener, &peers).await);
     }
     let mut acked = BTreeSet::new();
     for (i, rx) in kept {

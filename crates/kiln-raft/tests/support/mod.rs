@@ -130,11 +130,36 @@ pub async fn start_broker_with(
     peers: &PeerAddrs,
     log: LogConfig,
 ) -> Broker {
+    start_broker_timed(id, dir, listener, peers, log, raft_config(50, 150, 300)).await
+}
+
+/// As [`start_broker`], for a replica that stands for no election for its first 5 s: a test
+/// whose leader must keep its term while a follower restarts. (The leader's transport may
+/// wait out a reconnect backoff before it reaches the restarted follower, longer than the
+/// usual 150–300 ms election timeout.)
+pub async fn start_patient_follower(
+    id: NodeId,
+    dir: &Path,
+    listener: TcpListener,
+    peers: &PeerAddrs,
+) -> Broker {
+    let config = raft_config(50, 5_000, 6_000);
+    start_broker_timed(id, dir, listener, peers, LogConfig::default(), config).await
+}
+
+async fn start_broker_timed(
+    id: NodeId,
+    dir: &Path,
+    listener: TcpListener,
+    peers: &PeerAddrs,
+    log: LogConfig,
+    config: openraft::Config,
+) -> Broker {
     std::fs::create_dir_all(dir).unwrap();
     let full = Arc::new(AtomicBool::new(false));
     let fs = Arc::new(FullableFs { full: full.clone() });
     let network = TcpNetwork::new(GROUP, peers.clone(), Duration::from_millis(500));
-    let mut opts = StartOptions::data(id, raft_config(50, 150, 300), fs, dir);
+    let mut opts = StartOptions::data(id, config, fs, dir);
     opts.log = log;
     let (replica, recovery) = ReplicatedPartition::start(opts, network).await.unwrap();
     let table = GroupTable::new();
