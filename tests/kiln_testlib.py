@@ -396,3 +396,20 @@ def assert_contiguous(recs: list[Rec], start: int) -> None:
     offsets = [r.offset for r in recs]
     assert offsets == list(range(start, start + len(recs))), (
         f"offsets not contiguous from {start}: {offsets[:20]}...")
+
+
+def resolve_implicit_acks(acked: dict[tuple[str, int], tuple[int, int | None]],
+                          where: dict[tuple[str, int], list[tuple[int, int]]]):
+    """librdkafka reports a batch whose own answer it lost (a request that timed out or whose
+    connection broke) as delivered once a later batch of the same producer is acknowledged, the
+    broker having taken the sequences in order: the record is written, but its offset (None)
+    unknown. Such a record must still be in its partition exactly once, so its offset is taken
+    from the log; one not found keeps None and counts as lost. Returns (acked, how many)."""
+    resolved, implicit = {}, 0
+    for ks, (p, offset) in acked.items():
+        if offset is None:
+            implicit += 1
+            found = [o for q, o in where.get(ks, []) if q == p]
+            offset = found[0] if found else None
+        resolved[ks] = (p, offset)
+    return resolved, implicit

@@ -60,7 +60,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from kiln_cluster import cluster_fixture
-from kiln_testlib import RDKAFKA_LOG, rdk_consumer, read_partition, watermarks
+from kiln_testlib import RDKAFKA_LOG, rdk_consumer, read_partition, resolve_implicit_acks, watermarks
 
 SEED = int(os.environ.get("KILN_CHAOS_SEED", "4242"))
 KILLS = max(1, int(os.environ.get("KILN_CHAOS_KILLS", "20")))
@@ -320,13 +320,17 @@ class Tail(threading.Thread):
         self.consumer.close()
 
 
-def real_time_order_errors(ledger: Ledger) -> list[str]:
+def real_time_order_errors(ledger: Ledger, acked: dict[tuple[str, int], tuple[int, int | None]]) -> list[str]:
     """Records acknowledged at an offset not above that of a record of the same partition whose
     acknowledgement came before they were handed to the client. An acknowledged record is
-    committed at its offset, so anything sent later can only land after it."""
+    committed at its offset, so anything sent later can only land after it. `acked` holds the
+    offsets with implicit acknowledgements resolved; one still without an offset is not in
+    the log, which is asserted apart."""
     errors = []
     by_partition: dict[int, list[tuple[float, int, tuple[str, int]]]] = defaultdict(list)
-    for ks, (p, offset) in ledger.acked.items():
+    for ks, (p, offset) in acked.items():
+        if offset is None:
+            continue
         # At equal times the send sorts first: only strictly earlier acknowledgements count.
         by_partition[p].append((ledger.acked_at[ks], 1, ks))
         by_partition[p].append((ledger.sent_at[ks], 0, ks))
@@ -334,7 +338,7 @@ def real_time_order_errors(ledger: Ledger) -> list[str]:
         events.sort(key=lambda e: (e[0], e[1]))
         highest, highest_ks = -1, None
         for _, kind, ks in events:
-            offset = ledger.acked[ks][1]
+            offset = acked[ks][1]
             if kind == 1:
                 if offset > highest:
                     highest, highest_ks = offset, ks
@@ -464,8 +468,8 @@ def test_leaders_killed_and_paused_lose_no_acknowledged_record(cluster):
                 retry_inversions.append(f"p{p} o{r.offset}: {key} seq {seq} first seen after seq {first_seen[key]}")
             first_seen[key] = max(seq, first_seen.get(key, seq))
 
-    acked = dict(ledger.acked)
-    order_errors = real_time_order_errors(ledger)
+    acked, implicit = resolve_implicit_acks(ledger.acked, where)
+    order_errors = real_time_order_errors(ledger, acked)
     lost = {ks: po for ks, po in acked.items() if ks not in where}
     misplaced = {ks: po for ks, po in acked.items() if ks in where and po not in where[ks]}
     duplicated = {ks: pos for ks, pos in where.items() if len(pos) > 1}
@@ -487,7 +491,7 @@ def test_leaders_killed_and_paused_lose_no_acknowledged_record(cluster):
     metadata_median = statistics.median(seen_in_metadata) if seen_in_metadata else float("inf")
 
     print(f"chaos summary: seed={SEED} acknowledged={len(acked)} duplicated={len(duplicated)} "
-          f"(extra copies {extra_copies}) lost={len(lost)} misplaced={len(misplaced)} "
+          f"(extra copies {extra_copies}) implicitly={implicit} lost={len(lost)} misplaced={len(misplaced)} "
           f"kills={chaos.kills} sigstops={chaos.stops} "
           f"failover median={median:.3f}s p90={p90:.3f}s max={worst:.3f}s "
           f"(new leader in metadata: median {metadata_median:.3f}s) "

@@ -29,7 +29,7 @@ from collections import Counter, defaultdict
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
-from kiln_testlib import create_topic, rdk_consumer, rdk_producer, read_partition, watermarks
+from kiln_testlib import create_topic, rdk_consumer, rdk_producer, read_partition, resolve_implicit_acks, watermarks
 
 SEED = int(os.environ.get("KILN_CRASH_SEED", "1729"))
 DURATION_S = 30.0
@@ -190,6 +190,7 @@ def test_kill9_loses_no_acknowledged_record(broker):
                 order_errors.append(f"p{part} o{r.offset}: {key} seq {seq} after {last[key]}")
             last[key] = seq
 
+    acked, implicit = resolve_implicit_acks(acked, where)
     lost = {ks: po for ks, po in acked.items() if where.get(ks) != [po]}
     duplicates = {ks: pos for ks, pos in where.items() if len(pos) > 1}
     unacked_present = sum(1 for ks in where if ks not in acked)
@@ -197,7 +198,7 @@ def test_kill9_loses_no_acknowledged_record(broker):
     acked_after_last_restart = sum(1 for t in ack_times
                                    if killer.last_restart and t > killer.last_restart)
     print(f"produced={produced} acknowledged={len(acked)} failed={dict(failed)} "
-          f"in_log={len(log)} unacked_present={unacked_present} lost={len(lost)} "
+          f"in_log={len(log)} unacked_present={unacked_present} implicitly={implicit} lost={len(lost)} "
           f"duplicates={len(duplicates)} kills={killer.kills} "
           f"acked_after_last_restart={acked_after_last_restart} "
           f"tail_seen={len(tail.seen)} tail_errors={dict(tail.errors)}")

@@ -369,7 +369,10 @@ def test_leader_dies_mid_batch_committed_offset_and_redelivery(cluster, case):
     for r in log[FIRST:]:
         assert r.value.decode().startswith("n"), f"unexpected record {r}"
         positions.setdefault(int(r.value.decode()[1:]), []).append(r.offset)
-    wrong = {i: (o, positions.get(i)) for i, (o, _) in p.acked.items() if positions.get(i) != [o]}
+    # An offset of None: acknowledged implicitly, by a later batch (kiln_testlib.resolve_implicit_acks);
+    # still exactly once in the log.
+    wrong = {i: (o, positions.get(i)) for i, (o, _) in p.acked.items()
+             if positions.get(i) != [o] and not (o is None and len(positions.get(i, [])) == 1)}
     assert not wrong, f"P's acknowledged records not exactly once at their offsets (acked, found): {wrong}"
     twice_in_log = {i: pos for i, pos in positions.items() if len(pos) > 1}
     assert not twice_in_log, f"P's records present twice although P never retried: {twice_in_log}"
