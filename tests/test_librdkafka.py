@@ -14,6 +14,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 import kafka_raw
+from client_targets import target  # noqa: F401  (the fixture)
 from kiln_testlib import (Delivered, assert_contiguous, create_topic, flush_all, kiln,
                           rdk_consumer, rdk_producer, read_partition, watermarks)
 
@@ -286,3 +287,47 @@ def test_headers_nulls_and_large_values(broker):
         assert m.value() == c["value"], (m.offset(), len(m.value() or b""))
         want_headers = c.get("headers")
         assert (m.headers() or None) == want_headers, (m.offset(), m.headers())
+
+
+
+def test_an_expired_idempotent_producer_carries_on_with_a_new_id(target):  # noqa: F811
+    """A producer silent for longer than producer.id.expiration.ms (1 day of record time) is
+    forgotten by the partition; its next batch gets UNKNOWN_PRODUCER_ID, and librdkafka (KIP-360)
+    takes a new producer id and resends from sequence 0: delivered once, nothing fails. On one
+    broker and on three."""
+    topic = "expiry"
+    target.create_topic(topic, 1)
+    now_ms = int(time.time() * 1000)
+    idempotent = {"enable.idempotence": True}
+    quiet = rdk_producer(target, **idempotent)
+    d = Delivered()
+    quiet.produce(topic, value=b"quiet-0", partition=0, timestamp=now_ms, on_delivery=d.cb)
+    flush_all(quiet, 1, d)
+
+    # Another producer writes a day and a minute later (record time): more than 1,024 offsets,
+    # so the partition looks for expired producers, and the quiet one has expired.
+    busy = rdk_producer(target, **idempotent)
+    busy_d = Delivered()
+    later_ms = now_ms + 86_400_000 + 60_000
+    for i in range(1_100):
+        busy.produce(topic, value=b"busy-%d" % i, partition=0, timestamp=later_ms,
+                     on_delivery=busy_d.cb)
+    flush_all(busy, 1_100, busy_d)
+    assert not busy_d.failed, busy_d.failed[:3]
+
+    quiet.produce(topic, value=b"quiet-1", partition=0, on_delivery=d.cb)
+    flush_all(quiet, 2, d)
+    assert not d.failed, f"the expired producer's record failed: {d.failed[:3]}"
+    recs = read_partition(target, topic, 0)
+    assert_contiguous(recs, 0)
+    values = [r.value for r in recs]
+    assert values.count(b"quiet-0") == 1 and values.count(b"quiet-1") == 1
+    assert values[-1] == b"quiet-1" and len(values) == 1_102
+
+    # The batches say what happened: the quiet producer's second record came with another
+    # producer id (or epoch) from sequence 0, not sequence 1 of the forgotten one.
+    batches = target.batches(topic, 0)
+    first, last = batches[0], batches[-1]
+    assert (first.producer_id, first.base_sequence) != (-1, -1), first
+    assert last.base_sequence == 0, last
+    assert (last.producer_id, last.producer_epoch) != (first.producer_id, first.producer_epoch)

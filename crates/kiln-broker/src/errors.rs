@@ -32,6 +32,7 @@ pub fn partition_error_code(error: &PartitionError) -> ResponseError {
         PartitionError::OffsetOutOfRange { .. } => ResponseError::OffsetOutOfRange,
         PartitionError::OutOfOrderSequence { .. } => ResponseError::OutOfOrderSequenceNumber,
         PartitionError::InvalidProducerEpoch { .. } => ResponseError::InvalidProducerEpoch,
+        PartitionError::UnknownProducerId { .. } => ResponseError::UnknownProducerId,
         PartitionError::Stopped(_) | PartitionError::Storage(_) => ResponseError::KafkaStorageError,
     }
 }

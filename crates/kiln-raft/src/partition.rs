@@ -66,6 +66,13 @@ pub enum PartitionError {
         current: i16,
         got: i16,
     },
+    /// A batch at sequence `got` (not 0) from a producer this partition holds no state for:
+    /// never seen, or forgotten after `EXPIRATION_MS` of silence (Kafka: UNKNOWN_PRODUCER_ID;
+    /// the client takes a new producer id and starts again at 0).
+    #[error(
+        "producer {producer_id}: unknown here (expired or never seen), and sequence {got} is not 0"
+    )]
+    UnknownProducerId { producer_id: i64, got: i32 },
 }
 
 impl PartitionError {
@@ -100,6 +107,12 @@ impl PartitionError {
                 current: *current,
                 got: *got,
             },
+            PartitionError::UnknownProducerId { producer_id, got } => {
+                PartitionError::UnknownProducerId {
+                    producer_id: *producer_id,
+                    got: *got,
+                }
+            }
             PartitionError::QueueFull { queued, max } => PartitionError::QueueFull {
                 queued: *queued,
                 max: *max,

@@ -9,8 +9,14 @@
 //! it repeats is still being replicated (`proposer.rs`).
 //!
 //! The rules ([`ProducerTable::check`]), Kafka's (`ProducerAppendInfo`):
-//! * an unknown producer id: any sequence is accepted (its state may have expired, or been
-//!   removed with the log by retention);
+//! * an unknown producer id (never seen here, expired or evicted): its batch must start at
+//!   sequence 0, else [`Verdict::UnknownProducer`] (Kafka: UNKNOWN_PRODUCER_ID). The
+//!   producer's earlier batches may or may not be in the log, so a later sequence can be
+//!   neither checked nor accepted safely: accepting it would write a retry twice, or leave a
+//!   gap. Clients answer it by taking a new producer id or epoch (KIP-360) and resending from
+//!   sequence 0. (Kafka 2.5 to 4.x accepts any sequence here, a hole KAFKA-19880 closes;
+//!   Kafka before 2.5 refused as this does.) Retention does not forget producers: the table is
+//!   kept in the `state` file and snapshots, not rebuilt from what the log still holds;
 //! * an epoch below the producer's: [`Verdict::InvalidEpoch`];
 //! * a new, higher epoch: its first batch must start at sequence 0;
 //! * the same epoch: a batch equal (first and last sequence) to one of the kept ones is a
@@ -71,6 +77,8 @@ pub enum Verdict {
     OutOfOrder { expected: i32, got: i32 },
     /// The producer has moved to a newer epoch (a fenced, older instance).
     InvalidEpoch { current: i16, got: i16 },
+    /// No state for this producer and a batch that does not start at sequence 0.
+    UnknownProducer { got: i32 },
 }
 
 /// See the module docs.
@@ -112,7 +120,13 @@ impl ProducerTable {
     /// looked at.
     pub fn check(&self, batch: &ProducerBatch) -> Verdict {
         let Some(entry) = self.entries.get(&batch.producer_id) else {
-            return Verdict::Append;
+            return if batch.base_sequence == 0 {
+                Verdict::Append
+            } else {
+                Verdict::UnknownProducer {
+                    got: batch.base_sequence,
+                }
+            };
         };
         if batch.producer_epoch < entry.epoch {
             return Verdict::InvalidEpoch {
@@ -317,8 +331,13 @@ mod tests {
     #[test]
     fn kafka_rules_for_sequences_and_epochs() {
         let mut t = ProducerTable::default();
-        // Unknown: any sequence.
-        assert_eq!(t.check(&batch(7, 0, 42, 3, 0)), Verdict::Append);
+        // Unknown: only from sequence 0 (any epoch).
+        assert_eq!(
+            t.check(&batch(7, 0, 42, 3, 0)),
+            Verdict::UnknownProducer { got: 42 }
+        );
+        assert_eq!(t.check(&batch(7, 4, 0, 3, 0)), Verdict::Append);
+        assert_eq!(t.check(&batch(7, 0, 0, 3, 0)), Verdict::Append);
         t.apply(batch(7, 0, 0, 3, 0));
         // In sequence, a gap, a retry of a kept batch.
         assert_eq!(t.check(&batch(7, 0, 3, 2, 3)), Verdict::Append);
@@ -416,6 +435,11 @@ mod tests {
         t.apply(late);
         assert!(!t.entries.contains_key(&1), "producer 1 expired");
         assert!(t.entries.contains_key(&2));
+        assert_eq!(
+            t.check(&batch(1, 0, 1, 1, EXPIRY_EVERY_OFFSETS)),
+            Verdict::UnknownProducer { got: 1 },
+            "an expired producer's next batch is refused, not taken on trust"
+        );
         let mut t = ProducerTable::default();
         for i in 0..(PRODUCERS_MAX as i64 + 5) {
             let mut b = batch(i, 0, 0, 1, i);

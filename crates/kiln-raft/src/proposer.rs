@@ -615,8 +615,9 @@ async fn leadership_lost(
 
 /// The verdict on a proposal's producer batches, in order, against `table` and each other:
 /// `Ok(None)` to append them all; `Ok(Some((base, last)))` when they are all retries (answer
-/// with those offsets); an error for a batch out of sequence or of a fenced epoch, or retries
-/// mixed with new batches (a well-behaved producer never sends that).
+/// with those offsets); an error for a batch out of sequence, of a fenced epoch or of an
+/// unknown producer past sequence 0, or retries mixed with new batches (a well-behaved
+/// producer never sends that).
 fn check_all(
     table: &ProducerTable,
     batches: &[ProducerBatch],
@@ -652,6 +653,12 @@ fn check_all(
                 return Err(PartitionError::InvalidProducerEpoch {
                     producer_id: b.producer_id,
                     current,
+                    got,
+                })
+            }
+            Verdict::UnknownProducer { got } => {
+                return Err(PartitionError::UnknownProducerId {
+                    producer_id: b.producer_id,
                     got,
                 })
             }

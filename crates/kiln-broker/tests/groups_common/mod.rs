@@ -150,6 +150,17 @@ pub fn batch(n: usize, timestamp: i64) -> Bytes {
 /// One batch of `n` records from an idempotent producer: `producer_id`, `epoch`, sequences
 /// from `sequence`.
 pub fn idempotent_batch(producer_id: i64, epoch: i16, sequence: i32, n: usize) -> Bytes {
+    idempotent_batch_at(producer_id, epoch, sequence, n, 1_700_000_000_000)
+}
+
+/// As [`idempotent_batch`], its records stamped `timestamp` (ms).
+pub fn idempotent_batch_at(
+    producer_id: i64,
+    epoch: i16,
+    sequence: i32,
+    n: usize,
+    timestamp: i64,
+) -> Bytes {
     let records: Vec<Record> = (0..n)
         .map(|i| Record {
             transactional: false,
@@ -161,7 +172,7 @@ pub fn idempotent_batch(producer_id: i64, epoch: i16, sequence: i32, n: usize) -
             timestamp_type: TimestampType::Creation,
             offset: i as i64,
             sequence: sequence.wrapping_add(i as i32),
-            timestamp: 1_700_000_000_000,
+            timestamp,
             key: Some(Bytes::from(format!("k{i}"))),
             value: Some(Bytes::from(format!(
                 "p{producer_id}-s{}",

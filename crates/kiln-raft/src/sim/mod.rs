@@ -919,7 +919,8 @@ async fn idempotent_producer(
                 Ok(Ok(Ok(ack))) => break Some((ack, t.id())),
                 Ok(Ok(Err(
                     e @ (PartitionError::OutOfOrderSequence { .. }
-                    | PartitionError::InvalidProducerEpoch { .. }),
+                    | PartitionError::InvalidProducerEpoch { .. }
+                    | PartitionError::UnknownProducerId { .. }),
                 ))) => {
                     lock(&shared).idempotent_refusals.push(format!(
                         "batch {k} (sequence {sequence}, attempt {attempts}) refused by replica {}: {e}",
