@@ -1,4 +1,5 @@
-"""kafka-python (pure Python client) against a single kiln broker.
+"""kafka-python (pure Python client) against a single kiln broker (and, for its admin calls,
+a three-broker cluster).
 
 api_version is left to auto-detection (ApiVersions); each test prints what
 kafka-python inferred. Producers keep kafka-python 3.x's default, idempotence on
@@ -12,11 +13,12 @@ import time
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import KafkaAdminClient
+from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 from kafka.codec import has_lz4, has_snappy, has_zstd
 from kafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
 
 import kafka_raw
+from client_targets import target  # noqa: F401  (the fixture)
 from kiln_testlib import create_topic, read_partition
 
 CODEC_IDS = {"gzip": kafka_raw.CODEC_GZIP, "snappy": kafka_raw.CODEC_SNAPPY,
@@ -179,5 +181,52 @@ def test_admin_create_and_delete_topics(broker):
 
         with pytest.raises(UnknownTopicOrPartitionError):
             admin.delete_topics(["kp-adm-missing"])
+    finally:
+        admin.close()
+
+
+def test_admin_alter_configs_and_create_partitions(target):
+    """kafka-python sends AlterConfigs to any broker (its least loaded one): on a cluster, one
+    that is not the controller forwards the change there. Each broker in turn is the only
+    bootstrap address, and each alteration must be seen by every broker."""
+    target.create_topic("kp-cfg", 1)
+    addrs = target.addr.split(",")
+    for i, addr in enumerate(addrs):
+        admin = KafkaAdminClient(bootstrap_servers=addr, request_timeout_ms=15000)
+        try:
+            value = str(3_600_000 + i)
+            got = admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, "kp-cfg",
+                                                      configs={"retention.ms": value})])
+            assert got == {"topic": {"kp-cfg": "OK"}}, got
+            bad = admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, "kp-cfg",
+                                                      configs={"retention.ms": "soon"})])
+            assert "InvalidConfigurationError" in bad["topic"]["kp-cfg"], bad
+            for other in addrs:
+                check = KafkaAdminClient(bootstrap_servers=other, request_timeout_ms=15000)
+                try:
+                    deadline = time.monotonic() + TIMEOUT_S
+                    while True:
+                        (configs,) = check.describe_configs(
+                            [ConfigResource(ConfigResourceType.TOPIC, "kp-cfg")])["topic"].values()
+                        seen = configs.get("retention.ms", {}).get("value")
+                        if seen == value or time.monotonic() > deadline:
+                            break
+                        time.sleep(0.1)
+                    assert seen == value, f"{other} describes retention.ms={seen!r}, {value} was set through {addr}"
+                finally:
+                    check.close()
+        finally:
+            admin.close()
+
+    admin = KafkaAdminClient(bootstrap_servers=target.addr, request_timeout_ms=15000)
+    try:
+        admin.create_partitions({"kp-cfg": 3})
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline:
+            desc = {t["name"]: t for t in admin.describe_topics(["kp-cfg"])}
+            if len(desc["kp-cfg"]["partitions"]) == 3:
+                break
+            time.sleep(0.2)
+        assert sorted(p["partition_index"] for p in desc["kp-cfg"]["partitions"]) == [0, 1, 2]
     finally:
         admin.close()

@@ -14,6 +14,7 @@ use groups_common::{
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 use kiln_broker::{BrokerConfig, ClusterSettings, PeerSettings};
 use kiln_client::Connection;
@@ -602,4 +603,118 @@ async fn a_restarted_broker_never_calls_a_topic_it_missed_unknown_before_it_has_
         metadata_topic_error(&mut conn, "never-created").await,
         ResponseError::UnknownTopicOrPartition.code()
     );
+}
+
+/// (error code, message) of an IncrementalAlterConfigs that sets one key of a topic.
+async fn set_topic_config(
+    conn: &mut Connection,
+    topic: &str,
+    key: &str,
+    value: &str,
+) -> (i16, Option<String>) {
+    let request = IncrementalAlterConfigsRequest::default().with_resources(vec![
+        incremental_alter_configs_request::AlterConfigsResource::default()
+            .with_resource_type(2)
+            .with_resource_name(StrBytes::from_string(topic.to_string()))
+            .with_configs(vec![
+                incremental_alter_configs_request::AlterableConfig::default()
+                    .with_name(StrBytes::from_string(key.to_string()))
+                    .with_config_operation(0)
+                    .with_value(Some(StrBytes::from_string(value.to_string()))),
+            ]),
+    ]);
+    let ResponseKind::IncrementalAlterConfigs(r) = conn
+        .call(RequestKind::IncrementalAlterConfigs(request), T)
+        .await
+        .unwrap()
+    else {
+        panic!("IncrementalAlterConfigs")
+    };
+    let r = &r.responses[0];
+    (
+        r.error_code,
+        r.error_message.as_ref().map(|m| m.to_string()),
+    )
+}
+
+/// (error code, message) of a CreatePartitions that raises `topic` to `count` partitions.
+async fn add_partitions(conn: &mut Connection, topic: &str, count: i32) -> (i16, Option<String>) {
+    let request = CreatePartitionsRequest::default()
+        .with_timeout_ms(5000)
+        .with_topics(vec![
+            create_partitions_request::CreatePartitionsTopic::default()
+                .with_name(topic_name(topic))
+                .with_count(count)
+                .with_assignments(None),
+        ]);
+    let ResponseKind::CreatePartitions(r) = conn
+        .call(RequestKind::CreatePartitions(request), T)
+        .await
+        .unwrap()
+    else {
+        panic!("CreatePartitions")
+    };
+    let r = &r.results[0];
+    (
+        r.error_code,
+        r.error_message.as_ref().map(|m| m.to_string()),
+    )
+}
+
+// The Java admin client and kafka-python send AlterConfigs to any broker; Kafka's brokers
+// forward it to the controller, and so do Kiln's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_change_sent_to_any_broker_is_forwarded_to_the_controller() {
+    let cluster = Cluster::start().await;
+    let controller = cluster.controller().await;
+    let mut to_controller = cluster.by_id(controller).connect().await;
+    assert_eq!(create(&mut to_controller, "changes", 1).await, 0);
+    let others: Vec<i32> = [1, 2, 3].into_iter().filter(|i| *i != controller).collect();
+    for &other in &others {
+        let mut conn = cluster.by_id(other).connect().await;
+        let value = (3_600_000 + other).to_string();
+        let (code, message) = set_topic_config(&mut conn, "changes", "retention.ms", &value).await;
+        assert_eq!(code, 0, "{message:?}");
+        cluster
+            .until("every broker to apply the forwarded config", |c| {
+                c.live()
+                    .all(|b| {
+                        b.broker
+                            .cluster
+                            .topic("changes")
+                            .is_some_and(|t| t.overrides.get("retention.ms") == Some(&value))
+                    })
+                    .then_some(())
+            })
+            .await;
+        // The controller's refusals come back as they are, message included.
+        let (code, message) = set_topic_config(&mut conn, "changes", "retention.ms", "soon").await;
+        assert_eq!(code, ResponseError::InvalidConfig.code(), "{message:?}");
+        assert!(message.unwrap_or_default().contains("retention.ms"));
+        let (code, _) = set_topic_config(&mut conn, "changes", "retention.typo", "1").await;
+        assert_eq!(code, ResponseError::InvalidConfig.code());
+        let (code, _) = set_topic_config(&mut conn, "missing", "retention.ms", "1").await;
+        assert_eq!(code, ResponseError::UnknownTopicOrPartition.code());
+    }
+
+    let mut conn = cluster.by_id(others[0]).connect().await;
+    let (code, message) = add_partitions(&mut conn, "changes", 3).await;
+    assert_eq!(code, 0, "{message:?}");
+    cluster
+        .until("every broker to open the new partitions", |c| {
+            c.live()
+                .all(|b| {
+                    b.broker
+                        .cluster
+                        .topic("changes")
+                        .is_some_and(|t| t.partition_count() == 3)
+                })
+                .then_some(())
+        })
+        .await;
+    let (code, message) = add_partitions(&mut conn, "changes", 2).await;
+    assert_eq!(code, ResponseError::InvalidPartitions.code(), "{message:?}");
+    let leader = cluster.leader("changes", 2).await;
+    let mut to_leader = cluster.by_id(leader).connect().await;
+    assert_eq!(produce(&mut to_leader, "changes", 2, 4).await, (0, 0));
 }

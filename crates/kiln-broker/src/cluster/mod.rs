@@ -13,12 +13,15 @@
 //! come and go. docs/replication.md describes the whole.
 
 mod fence;
+mod forwarded;
 pub mod join;
 pub mod metadata;
 pub mod producer_ids;
 mod register;
 pub mod replica;
 mod topic_changes;
+
+pub use topic_changes::{ConfigChange, CONFIG_CHANGES_MAX};
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -82,7 +85,9 @@ pub struct PeerBroker {
     pub port: i32,
 }
 
-#[derive(Debug, thiserror::Error)]
+/// Serializable: a controller's refusal of a forwarded change travels back as it is
+/// (`forwarded.rs`).
+#[derive(Debug, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum ClusterError {
     #[error("this broker is not the controller; the controller is {0}")]
     NotController(i32),

@@ -92,13 +92,17 @@ impl Cluster {
         }
     }
 
-    /// A proposal another broker forwarded (`RaftGroups::forward`): only producer id blocks and
-    /// fences (`fence.rs`) for a configured peer, and only on the controller.
+    /// A proposal another broker forwarded (`RaftGroups::forward`): a topic change
+    /// (`forwarded.rs`), or a producer id block or fence (`fence.rs`) for a configured peer;
+    /// only on the controller.
     pub(super) async fn take_forwarded(
         self: Arc<Self>,
         group: String,
         payload: Bytes,
     ) -> Result<(), String> {
+        if group == super::forwarded::TOPIC_CHANGES_GROUP {
+            return self.take_topic_change(&payload).await;
+        }
         if group != METADATA_GROUP {
             return Err(format!("group {group} takes no forwarded proposals"));
         }

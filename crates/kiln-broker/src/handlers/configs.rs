@@ -1,9 +1,8 @@
 //! DescribeConfigs, IncrementalAlterConfigs and AlterConfigs. Topic configs are the topic's
 //! overrides in the metadata log on top of the broker's defaults (`topic_config`); any broker
-//! describes them, only the controller changes them (others answer NOT_CONTROLLER). Broker
+//! describes them, any broker takes a change (others forward it to the controller). Broker
 //! configs are the broker's own settings file, read-only here.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kafka_protocol::messages::describe_configs_response::{
@@ -18,16 +17,14 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 
-use crate::cluster::{Cluster, ClusterError};
+use crate::cluster::{Cluster, ConfigChange, CONFIG_CHANGES_MAX};
 use crate::config::BrokerConfig;
 use crate::errors::cluster_error_code;
 use crate::handlers::Reply;
-use crate::topic_config::{self, LIST_CONFIG_KEYS, TOPIC_CONFIG_KEYS};
+use crate::topic_config::{self, LIST_CONFIG_KEYS};
 
 /// Resources one request may name; a bound on the work (and metadata proposals) of one request.
 pub const CONFIG_RESOURCES_PER_REQUEST_MAX: usize = 100;
-/// Config entries one resource may change in one request.
-pub const CONFIGS_PER_RESOURCE_MAX: usize = 100;
 
 // Kafka's resource types, config sources and config types (DescribeConfigs v3+).
 const RESOURCE_TOPIC: i8 = 2;
@@ -217,90 +214,12 @@ fn broker_configs(c: &BrokerConfig) -> Vec<(&'static str, String, i8)> {
     ]
 }
 
-/// A change to one topic's overrides, checked against the request's shape.
-enum Change {
-    Set(String, String),
-    Delete(String),
-    Append(String, String),
-    Subtract(String, String),
-}
-
-fn known_key(name: &str) -> Result<(), ClusterError> {
-    if TOPIC_CONFIG_KEYS.contains(&name) {
-        Ok(())
-    } else {
-        Err(ClusterError::InvalidConfig(format!(
-            "unknown topic config {name:?}; supported: {}",
-            TOPIC_CONFIG_KEYS.join(", ")
-        )))
-    }
-}
-
-/// The overrides after `changes`, which the caller validates with `topic_config::resolve`.
-fn apply_changes(
-    current: &BTreeMap<String, String>,
-    changes: Vec<Change>,
-    replace: bool,
-) -> Result<BTreeMap<String, String>, ClusterError> {
-    let mut next = if replace {
-        BTreeMap::new()
-    } else {
-        current.clone()
-    };
-    for change in changes {
-        match change {
-            Change::Set(k, v) => {
-                known_key(&k)?;
-                next.insert(k, v);
-            }
-            Change::Delete(k) => {
-                known_key(&k)?;
-                next.remove(&k);
-            }
-            Change::Append(k, _) | Change::Subtract(k, _)
-                if !LIST_CONFIG_KEYS.contains(&k.as_str()) =>
-            {
-                known_key(&k)?;
-                return Err(ClusterError::InvalidRequest(format!(
-                    "{k} is not a list config; APPEND and SUBTRACT apply to {} only",
-                    LIST_CONFIG_KEYS.join(", ")
-                )));
-            }
-            Change::Append(k, v) => {
-                let mut items = list_value(&next, &k);
-                if !items.contains(&v) {
-                    items.push(v);
-                }
-                next.insert(k, items.join(","));
-            }
-            Change::Subtract(k, v) => {
-                let mut items = list_value(&next, &k);
-                items.retain(|i| *i != v);
-                next.insert(k, items.join(","));
-            }
-        }
-    }
-    Ok(next)
-}
-
-/// A list config's items; the default of the only list config (cleanup.policy) is "delete".
-fn list_value(overrides: &BTreeMap<String, String>, key: &str) -> Vec<String> {
-    overrides
-        .get(key)
-        .map_or("delete", String::as_str)
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect()
-}
-
 /// Runs one topic resource's change through the controller (or refuses a broker resource).
 async fn alter_one(
     cluster: &Cluster,
     resource_type: i8,
     name: &str,
-    changes: Result<Vec<Change>, Outcome>,
+    changes: Result<Vec<ConfigChange>, Outcome>,
     replace: bool,
     validate_only: bool,
 ) -> Outcome {
@@ -322,9 +241,7 @@ async fn alter_one(
         Err(outcome) => return outcome,
     };
     let outcome = cluster
-        .alter_topic_config(name, validate_only, |current| {
-            apply_changes(current, changes, replace)
-        })
+        .alter_topic_config(name, changes, replace, validate_only)
         .await;
     match outcome {
         Ok(()) => (0, None),
@@ -336,11 +253,11 @@ async fn alter_one(
 }
 
 fn bounded<T>(configs: Vec<T>) -> Result<Vec<T>, Outcome> {
-    if configs.len() > CONFIGS_PER_RESOURCE_MAX {
+    if configs.len() > CONFIG_CHANGES_MAX {
         return Err(failure(
             ResponseError::InvalidRequest,
             format!(
-                "{} configs in one resource; the limit is {CONFIGS_PER_RESOURCE_MAX}",
+                "{} configs in one resource; the limit is {CONFIG_CHANGES_MAX}",
                 configs.len()
             ),
         ));
@@ -371,10 +288,10 @@ pub fn incremental_alter_configs(
                             })
                         };
                         Ok(match c.config_operation {
-                            OP_SET => Change::Set(k.clone(), value(v)?),
-                            OP_DELETE => Change::Delete(k),
-                            OP_APPEND => Change::Append(k.clone(), value(v)?),
-                            OP_SUBTRACT => Change::Subtract(k.clone(), value(v)?),
+                            OP_SET => ConfigChange::Set(k.clone(), value(v)?),
+                            OP_DELETE => ConfigChange::Delete(k),
+                            OP_APPEND => ConfigChange::Append(k.clone(), value(v)?),
+                            OP_SUBTRACT => ConfigChange::Subtract(k.clone(), value(v)?),
                             op => {
                                 return Err(failure(
                                     ResponseError::InvalidRequest,
@@ -426,7 +343,7 @@ pub fn alter_configs(cluster: &Arc<Cluster>, request: AlterConfigsRequest) -> Re
                 configs
                     .into_iter()
                     .map(|c| match c.value {
-                        Some(v) => Ok(Change::Set(c.name.to_string(), v.to_string())),
+                        Some(v) => Ok(ConfigChange::Set(c.name.to_string(), v.to_string())),
                         None => Err(failure(
                             ResponseError::InvalidConfig,
                             format!("config {} has no value", c.name.as_str()),
@@ -460,53 +377,4 @@ pub fn alter_configs(cluster: &Arc<Cluster>, request: AlterConfigsRequest) -> Re
         }
         ResponseKind::AlterConfigs(AlterConfigsResponse::default().with_responses(responses))
     }))
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    #[test]
-    fn changes_set_delete_and_lists() {
-        let current: BTreeMap<String, String> =
-            [("retention.ms".to_string(), "5".to_string())].into();
-        let next = apply_changes(
-            &current,
-            vec![
-                Change::Set("segment.bytes".into(), "9000".into()),
-                Change::Delete("retention.ms".into()),
-                Change::Append("cleanup.policy".into(), "delete".into()),
-            ],
-            false,
-        )
-        .unwrap();
-        assert_eq!(next.get("segment.bytes").map(String::as_str), Some("9000"));
-        assert!(!next.contains_key("retention.ms"));
-        assert_eq!(
-            next.get("cleanup.policy").map(String::as_str),
-            Some("delete")
-        );
-        let err = apply_changes(
-            &current,
-            vec![Change::Append("retention.ms".into(), "1".into())],
-            false,
-        )
-        .unwrap_err();
-        assert!(matches!(err, ClusterError::InvalidRequest(_)), "{err}");
-        let err = apply_changes(
-            &current,
-            vec![Change::Set("retention.typo".into(), "1".into())],
-            false,
-        )
-        .unwrap_err();
-        assert!(matches!(err, ClusterError::InvalidConfig(_)), "{err}");
-        let replaced = apply_changes(
-            &current,
-            vec![Change::Set("segment.ms".into(), "10".into())],
-            true,
-        )
-        .unwrap();
-        assert_eq!(replaced.len(), 1);
-    }
 }
