@@ -72,10 +72,12 @@ class BrokerView:
     brokers: dict[int, str]                     # node id -> host:port
     controller: int
     topics: dict[str, tuple[int, dict[int, PartitionState]]] = field(default_factory=dict)
+    cluster_id: str | None = None                # None until the cluster is named
 
 
-def metadata_v7(conn: kr.Conn, topics: list[str] | None) -> tuple[dict[int, str], int, dict]:
-    """Metadata v7 (non-flexible): brokers, controller id and per-partition leader epochs.
+def metadata_v7(conn: kr.Conn, topics: list[str] | None) -> tuple[dict[int, str], int, dict, str | None]:
+    """Metadata v7 (non-flexible): brokers, controller id, per-partition leader epochs and the
+    cluster id.
 
     Request: topics (nullable array of names), allow_auto_topic_creation (bool).
     Response: throttle_time_ms, brokers[node_id, host, port, rack], cluster_id, controller_id,
@@ -88,7 +90,7 @@ def metadata_v7(conn: kr.Conn, topics: list[str] | None) -> tuple[dict[int, str]
     for _ in range(r.i32()):
         node, host, port, _rack = r.i32(), r.string(), r.i32(), r.string()
         brokers[node] = f"{host}:{port}"
-    r.string()  # cluster_id
+    cluster_id = r.string()
     controller = r.i32()
     out = {}
     for _ in range(r.i32()):
@@ -101,7 +103,7 @@ def metadata_v7(conn: kr.Conn, topics: list[str] | None) -> tuple[dict[int, str]
             [r.i32() for _ in range(r.i32())]  # offline_replicas
             parts[index] = PartitionState(perr, leader, epoch, replicas, isr)
         out[name] = (terr, parts)
-    return brokers, controller, out
+    return brokers, controller, out, cluster_id
 
 
 def find_coordinator_v0(conn: kr.Conn, group: str) -> tuple[int, int]:
@@ -250,8 +252,8 @@ class Cluster:
              timeout_s: float = ASK_TIMEOUT_S) -> BrokerView:
         """Asks one broker for Metadata v7; raises OSError/ValueError/ConnectionClosed."""
         with kr.Conn(self.nodes[node_id].addr, timeout_s=timeout_s) as conn:
-            brokers, controller, parsed = metadata_v7(conn, topics)
-        v = BrokerView(node_id, brokers, controller, parsed)
+            brokers, controller, parsed, cluster_id = metadata_v7(conn, topics)
+        v = BrokerView(node_id, brokers, controller, parsed, cluster_id)
         with self._lock:
             for name, (terr, parts) in parsed.items():
                 if terr != NONE_ERROR:
@@ -398,8 +400,9 @@ class Cluster:
             time.sleep(0.05)
 
     def wait_formed(self, timeout_s: float = FORM_TIMEOUT_S) -> int:
-        """Waits until every running node lists every node and names the same running
-        controller; returns the controller's id."""
+        """Waits until every running node lists every node, names the same running controller
+        and reports the same cluster id (the first controller names the cluster a moment after
+        its election); returns the controller's id."""
         deadline = time.monotonic() + timeout_s
         last = "no answer yet"
         while True:
@@ -407,11 +410,14 @@ class Cluster:
             views = self.views([])
             controllers = {i: v.controller for i, v in views.items()}
             listed = {i: sorted(v.brokers) for i, v in views.items()}
+            named = {i: v.cluster_id for i, v in views.items()}
             if (views and set(views) == set(running) and len(set(controllers.values())) == 1
                     and next(iter(controllers.values())) in running
-                    and all(ids == self.ids for ids in listed.values())):
+                    and all(ids == self.ids for ids in listed.values())
+                    and len(set(named.values())) == 1 and None not in named.values()):
                 return next(iter(controllers.values()))
-            last = f"controllers {controllers}, brokers listed {listed}, running {running}"
+            last = (f"controllers {controllers}, brokers listed {listed}, cluster ids {named}, "
+                    f"running {running}")
             if time.monotonic() >= deadline:
                 raise AssertionError(f"cluster not formed within {timeout_s}s: {last}\n{self.log_tail()}")
             time.sleep(0.1)

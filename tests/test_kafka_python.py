@@ -230,3 +230,24 @@ def test_admin_alter_configs_and_create_partitions(target):
         assert sorted(p["partition_index"] for p in desc["kp-cfg"]["partitions"]) == [0, 1, 2]
     finally:
         admin.close()
+
+
+def test_admin_describe_cluster(target):
+    """kafka-python's describe_cluster() uses DescribeCluster: every broker, the controller and
+    the cluster id, the same from whichever broker answers."""
+    answers = []
+    for addr in target.addr.split(","):
+        admin = KafkaAdminClient(bootstrap_servers=addr, request_timeout_ms=15000)
+        try:
+            answers.append(admin.describe_cluster())
+        finally:
+            admin.close()
+    print(f"kafka-python describe_cluster: {answers[0]}")
+    expected = len(target.addr.split(","))
+    for got in answers:
+        assert got["cluster_id"] and got["cluster_id"].startswith("kiln-"), got
+        brokers = sorted((b["broker_id"], f"{b['host']}:{b['port']}") for b in got["brokers"])
+        assert len(brokers) == expected, got
+        assert {addr for _, addr in brokers} == set(target.addr.split(",")), got
+        assert got["controller_id"] in {i for i, _ in brokers}, got
+    assert len({(a["cluster_id"], a["controller_id"]) for a in answers}) == 1, answers
