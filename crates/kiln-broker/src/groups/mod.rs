@@ -35,7 +35,8 @@ pub async fn run_timers(broker: Arc<Broker>, interval: Duration) {
 /// it, it waits until its term's first entry is applied (so the table holds every commit made
 /// before the term), forgets members (they rejoin) and serves; on losing it, it stops serving at
 /// once (requests get NOT_COORDINATOR). Every replica applies the table all along, so there is
-/// nothing to rebuild.
+/// nothing to rebuild. A commit write that fails while it leads also stops serving
+/// (`offsets::OffsetsStore::wait`); it then starts again as on winning, from the table.
 pub async fn follow_coordinator_leadership(broker: Arc<Broker>, replica: Arc<Replica>) {
     let mut metrics = replica.partition.raft().metrics();
     loop {
@@ -72,8 +73,10 @@ pub async fn follow_coordinator_leadership(broker: Arc<Broker>, replica: Arc<Rep
             }
             continue;
         }
-        if metrics.changed().await.is_err() {
-            return;
+        // A failed commit write stops serving without a change of leadership: look again.
+        tokio::select! {
+            changed = metrics.changed() => if changed.is_err() { return },
+            () = store.resync_needed() => {}
         }
     }
 }

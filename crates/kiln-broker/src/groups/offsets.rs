@@ -89,17 +89,37 @@ pub enum CommitOutcome {
     },
 }
 
-/// Resolves (through [`OffsetsStore::wait`]) once a write is committed.
+/// Resolves (through [`OffsetsStore::wait`]) once a write is committed, or with an error.
+///
+/// A commit that writes nothing (it keeps a higher offset in flight, or changes nothing) is
+/// answered only once the writes it rests on are committed *in the serving epoch it was
+/// checked in* (one epoch per [`OffsetsStore::start_serving`]): if that epoch ends first (the
+/// term ends, or one of its writes fails), those writes may be gone (truncated with the old
+/// leader's tail), so the answer is an error and the client retries at the coordinator,
+/// which checks it again against what is really committed. Without the epoch, a commit of 90
+/// behind an uncommitted 100 could be answered success after the 100 was truncated and the
+/// coordinator rebuilt at 50.
 pub struct Ticket(TicketKind);
 
 enum TicketKind {
     /// Committed once the replicated group has committed it.
     Replicated {
         receiver: kiln_raft::proposer::AppendReceiver,
+        epoch: u64,
         seq: i64,
     },
-    /// Nothing new written: wait for the writes already in flight.
-    AfterSeq(i64),
+    /// Nothing new written: wait for the writes up to `seq` of `epoch` already in flight.
+    AfterSeq { epoch: u64, seq: i64 },
+}
+
+/// The coordinator's writes in its serving epoch: `committed` is the last sequence number
+/// known committed; `ended` once the epoch is over (leadership lost, or one of its writes
+/// failed, after which `latest` may hold what was never written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Progress {
+    epoch: u64,
+    committed: i64,
+    ended: bool,
 }
 
 type GroupOffsets = BTreeMap<(String, i32), Committed>;
@@ -190,6 +210,8 @@ struct Coordinating {
     /// The table plus the writes in flight: commits are checked against it.
     latest: HashMap<String, GroupOffsets>,
     next_seq: i64,
+    /// The serving epoch `latest` was built in (0 before the first).
+    epoch: u64,
 }
 
 pub struct OffsetsStore {
@@ -198,10 +220,13 @@ pub struct OffsetsStore {
     /// The offsets group's local replica: commits are written through its proposer.
     replica: OnceLock<Arc<Replica>>,
     state: Mutex<Coordinating>,
-    /// The sequence number of the last write known committed.
-    committed_seq: tokio::sync::watch::Sender<i64>,
+    /// What is known committed of the serving term's writes.
+    progress: tokio::sync::watch::Sender<Progress>,
     /// The Raft term this broker coordinates in, once its view is caught up.
     serving_term: AtomicU64,
+    /// Woken when a write fails while this broker still leads: the coordinator rebuilds its
+    /// view (`groups::follow_coordinator_leadership`).
+    resync: tokio::sync::Notify,
 }
 
 /// `serving_term` when this broker is not the coordinator.
@@ -219,8 +244,14 @@ impl OffsetsStore {
             table: Arc::new(OffsetsTable::default()),
             replica: OnceLock::new(),
             state: Mutex::new(Coordinating::default()),
-            committed_seq: tokio::sync::watch::channel(0).0,
+            progress: tokio::sync::watch::channel(Progress {
+                epoch: 0,
+                committed: 0,
+                ended: true,
+            })
+            .0,
             serving_term: AtomicU64::new(NOT_SERVING),
+            resync: tokio::sync::Notify::new(),
         }
     }
 
@@ -343,7 +374,10 @@ impl OffsetsStore {
     ) -> Result<Ticket, StoreError> {
         if changes.is_empty() {
             // Nothing new, but the caller's answer must not rest on a value not yet committed.
-            return Ok(Ticket(TicketKind::AfterSeq(st.next_seq)));
+            return Ok(Ticket(TicketKind::AfterSeq {
+                epoch: st.epoch,
+                seq: st.next_seq,
+            }));
         }
         let batch = encode_changes(&changes, now_ms)?;
         if batch.len() > COMMIT_BATCH_BYTES_MAX {
@@ -361,27 +395,53 @@ impl OffsetsStore {
         }
         st.next_seq += 1;
         let seq = st.next_seq;
-        Ok(Ticket(TicketKind::Replicated { receiver, seq }))
+        Ok(Ticket(TicketKind::Replicated {
+            receiver,
+            epoch: st.epoch,
+            seq,
+        }))
     }
 
-    /// Waits until the ticket's write is committed (and so applied to the table).
+    /// Waits until the ticket's write is committed (and so applied to the table); an error
+    /// when it is not, or may not be (see [`Ticket`]).
     pub async fn wait(&self, ticket: Ticket) -> Result<(), StoreError> {
         match ticket.0 {
-            TicketKind::Replicated { receiver, seq } => match receiver.await {
+            TicketKind::Replicated {
+                receiver,
+                epoch,
+                seq,
+            } => match receiver.await {
                 Ok(Ok(_)) => {
-                    self.committed_through(seq);
+                    self.committed_through(epoch, seq);
                     Ok(())
                 }
-                Ok(Err(e)) => Err(StoreError::NotReplicated(e.to_string())),
-                Err(_) => Err(StoreError::NotReplicated(
-                    "the offsets replica stopped".into(),
-                )),
+                Ok(Err(e)) => {
+                    self.write_failed(epoch);
+                    Err(StoreError::NotReplicated(e.to_string()))
+                }
+                Err(_) => {
+                    self.write_failed(epoch);
+                    Err(StoreError::NotReplicated(
+                        "the offsets replica stopped".into(),
+                    ))
+                }
             },
-            TicketKind::AfterSeq(seq) => {
-                let mut committed = self.committed_seq.subscribe();
-                let caught_up = async { committed.wait_for(|c| *c >= seq).await.is_ok() };
-                match tokio::time::timeout(IN_FLIGHT_WAIT, caught_up).await {
-                    Ok(true) => Ok(()),
+            TicketKind::AfterSeq { epoch, seq } => {
+                let mut progress = self.progress.subscribe();
+                let settled = async {
+                    progress
+                        .wait_for(|p| p.epoch != epoch || p.ended || p.committed >= seq)
+                        .await
+                        .map(|p| *p)
+                        .ok()
+                };
+                match tokio::time::timeout(IN_FLIGHT_WAIT, settled).await {
+                    Ok(Some(p)) if p.epoch == epoch && p.committed >= seq => Ok(()),
+                    Ok(Some(_)) => Err(StoreError::NotReplicated(
+                        "the coordinator stopped (its term ended, or a write failed) before \
+                         the commits this answer rests on were committed"
+                            .into(),
+                    )),
                     _ => Err(StoreError::NotReplicated(
                         "earlier commits were not replicated in time".into(),
                     )),
@@ -390,13 +450,38 @@ impl OffsetsStore {
         }
     }
 
-    /// Raft commits in submission order, so every write up to `seq` is in.
-    fn committed_through(&self, seq: i64) {
-        self.committed_seq.send_if_modified(|c| {
-            let moved = seq > *c;
-            *c = (*c).max(seq);
+    /// Raft commits in submission order, so every write of `epoch` up to `seq` is in.
+    fn committed_through(&self, epoch: u64, seq: i64) {
+        self.progress.send_if_modified(|p| {
+            let moved = p.epoch == epoch && seq > p.committed;
+            if moved {
+                p.committed = seq;
+            }
             moved
         });
+    }
+
+    /// A write of `epoch` failed: `latest` may hold what was never written, so the epoch's
+    /// unanswered tickets fail and the coordinator rebuilds its view before serving again.
+    fn write_failed(&self, epoch: u64) {
+        let current = self.progress.send_if_modified(|p| {
+            let current = p.epoch == epoch && !p.ended;
+            p.ended |= current;
+            current
+        });
+        if current {
+            tracing::warn!(
+                epoch,
+                "an offset commit was not replicated; rebuilding the coordinator's view"
+            );
+            self.stop_serving();
+            self.resync.notify_one();
+        }
+    }
+
+    /// Resolves once a failed write asked the coordinator to rebuild its view.
+    pub async fn resync_needed(&self) {
+        self.resync.notified().await;
     }
 
     /// Whether this broker is the coordinator with a view that is caught up.
@@ -410,8 +495,15 @@ impl OffsetsStore {
         (term != NOT_SERVING).then_some(term)
     }
 
+    /// Stops serving: requests get NOT_COORDINATOR, and tickets waiting on writes of the
+    /// term fail (they may never commit).
     pub fn stop_serving(&self) {
         self.serving_term.store(NOT_SERVING, Ordering::Release);
+        self.progress.send_if_modified(|p| {
+            let moved = !p.ended;
+            p.ended = true;
+            moved
+        });
     }
 
     /// Starts serving in `term`, with the table (caught up by the caller: applied through the
@@ -421,11 +513,17 @@ impl OffsetsStore {
         let keys = count_keys(&table.applied);
         let mut st = lock(&self.state);
         st.latest = table.applied.clone();
-        // Tickets of the previous term resolve through their receivers; new ones count on.
-        let seq = st.next_seq;
+        st.epoch += 1;
+        // Replicated tickets of earlier epochs resolve through their receivers; writes-nothing
+        // tickets of earlier epochs fail (`Ticket`); new ones count on.
+        let (epoch, seq) = (st.epoch, st.next_seq);
         drop(st);
         drop(table);
-        self.committed_seq.send_replace(seq);
+        self.progress.send_replace(Progress {
+            epoch,
+            committed: seq,
+            ended: false,
+        });
         self.serving_term.store(term, Ordering::Release);
         keys
     }
@@ -613,4 +711,126 @@ pub(crate) fn replay_into(batch: Bytes, latest: &mut BTreeMap<OffsetKey, Committ
             latest.remove(k);
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn key() -> OffsetKey {
+        OffsetKey {
+            group: "burnin".into(),
+            topic: "kiln.nodes".into(),
+            partition: 0,
+        }
+    }
+
+    fn at(offset: i64) -> Committed {
+        Committed {
+            offset,
+            leader_epoch: -1,
+            metadata: None,
+            commit_time_ms: 0,
+            reset: false,
+        }
+    }
+
+    fn member_commit(offset: i64) -> CommitRequest {
+        CommitRequest {
+            key: key(),
+            offset,
+            leader_epoch: -1,
+            metadata: None,
+            kind: CommitKind::Member,
+        }
+    }
+
+    /// A store serving with 50 committed and a write of 100 in flight (what `append_locked`
+    /// leaves: in `latest`, one sequence number on, not yet committed), and a member's commit
+    /// of 90 checked against it: kept higher, waiting on the 100.
+    fn kept_behind_a_write_in_flight() -> (OffsetsStore, Ticket, i64) {
+        let store = OffsetsStore::new(StoreConfig::default());
+        apply_change(&mut store.table.lock().applied, &key(), Some(&at(50)));
+        store.start_serving(1);
+        let seq = {
+            let mut st = lock(&store.state);
+            apply_change(&mut st.latest, &key(), Some(&at(100)));
+            st.next_seq += 1;
+            st.next_seq
+        };
+        let (outcomes, ticket) = store.commit(&[member_commit(90)], 0).unwrap();
+        assert_eq!(outcomes, vec![CommitOutcome::KeptHigher { kept: 100 }]);
+        (store, ticket, seq)
+    }
+
+    // The interleaving: the 100 is truncated with the term; the broker leads again, rebuilds
+    // its view from the table (50). The commit of 90 must not be answered success: the client
+    // would then read 50 back.
+    #[tokio::test]
+    async fn a_commit_kept_behind_a_write_lost_with_the_term_is_not_answered_success() {
+        let (store, ticket, _) = kept_behind_a_write_in_flight();
+        store.stop_serving();
+        store.start_serving(3);
+        let answer = store.wait(ticket).await;
+        assert!(
+            matches!(answer, Err(StoreError::NotReplicated(_))),
+            "{answer:?}"
+        );
+        assert_eq!(store.committed(&key()).unwrap().offset, 50);
+        // Checked again in the new view, the 90 is no longer behind anything: it is written.
+        let err = store.commit(&[member_commit(90)], 0).err().unwrap();
+        assert!(err.to_string().contains("not open yet"), "{err}");
+        assert_eq!(
+            lock(&store.state).latest["burnin"][&("kiln.nodes".to_string(), 0)].offset,
+            50
+        );
+    }
+
+    // The same while the answer is already waiting when the term ends.
+    #[tokio::test]
+    async fn a_waiting_commit_fails_when_the_term_ends() {
+        let (store, ticket, _) = kept_behind_a_write_in_flight();
+        let store = Arc::new(store);
+        let waiting = tokio::spawn({
+            let store = store.clone();
+            async move { store.wait(ticket).await }
+        });
+        tokio::task::yield_now().await;
+        store.stop_serving();
+        store.start_serving(3);
+        assert!(waiting.await.unwrap().is_err());
+    }
+
+    #[tokio::test]
+    async fn a_commit_kept_behind_a_write_is_answered_once_that_write_commits() {
+        let (store, ticket, seq) = kept_behind_a_write_in_flight();
+        let epoch = lock(&store.state).epoch;
+        store.committed_through(epoch, seq);
+        store.wait(ticket).await.unwrap();
+        // A write of an earlier epoch committing late moves nothing of this one.
+        let (_, ticket) = store.commit(&[member_commit(95)], 0).unwrap();
+        store.committed_through(epoch - 1, seq + 10);
+        assert_eq!(store.progress.borrow().committed, seq);
+        store.wait(ticket).await.unwrap();
+    }
+
+    // A write that fails while this broker still leads (its queue full, say) may leave
+    // `latest` ahead of what is written: the epoch's answers fail and serving stops until the
+    // coordinator rebuilds its view.
+    #[tokio::test]
+    async fn a_failed_write_fails_the_answers_resting_on_it_and_asks_for_a_rebuild() {
+        let (store, ticket, _) = kept_behind_a_write_in_flight();
+        let epoch = lock(&store.state).epoch;
+        store.write_failed(epoch);
+        assert!(!store.is_serving());
+        tokio::time::timeout(Duration::from_secs(1), store.resync_needed())
+            .await
+            .unwrap();
+        assert!(store.wait(ticket).await.is_err());
+        // A failure reported for an epoch already over asks for nothing.
+        store.start_serving(1);
+        store.write_failed(epoch);
+        assert!(store.is_serving());
+    }
 }

@@ -157,7 +157,18 @@ async fn wait_committed(
                 );
             }
             Err((code, message)) => {
-                tracing::debug!(partition = p.index, error = %message, "produce not acknowledged");
+                // A sequence or epoch refusal makes the client reset its producer state (a
+                // new epoch, KIP-360): rare, and worth seeing when records are duplicated.
+                if matches!(
+                    code,
+                    ResponseError::OutOfOrderSequenceNumber
+                        | ResponseError::InvalidProducerEpoch
+                        | ResponseError::UnknownProducerId
+                ) {
+                    tracing::info!(topic = %topic.name.0.as_str(), partition = p.index, error = %message, "idempotent produce refused");
+                } else {
+                    tracing::debug!(partition = p.index, error = %message, "produce not acknowledged");
+                }
                 TopicTraffic::add(&counted.produce_errors, 1);
                 *p = error(p.clone().with_base_offset(-1), code, message);
             }
