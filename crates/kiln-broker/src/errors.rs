@@ -27,7 +27,9 @@ pub fn partition_error_code(error: &PartitionError) -> ResponseError {
         // retries at the new leader.
         PartitionError::NotLeader { .. } => ResponseError::NotLeaderOrFollower,
         // Nothing written; the client retries (the quorum is slow or stalled).
-        PartitionError::QueueFull { .. } => ResponseError::NotEnoughReplicas,
+        PartitionError::QueueFull { .. } | PartitionError::EarlierBatchUnwritten { .. } => {
+            ResponseError::NotEnoughReplicas
+        }
         PartitionError::InvalidBatch(e) => log_error_code(e),
         PartitionError::OffsetOutOfRange { .. } => ResponseError::OffsetOutOfRange,
         PartitionError::OutOfOrderSequence { .. } => ResponseError::OutOfOrderSequenceNumber,

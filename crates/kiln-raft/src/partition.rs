@@ -73,6 +73,20 @@ pub enum PartitionError {
         "producer {producer_id}: unknown here (expired or never seen), and sequence {got} is not 0"
     )]
     UnknownProducerId { producer_id: i64, got: i32 },
+    /// A batch behind one of the same producer that this leader did not write (its produce
+    /// timed out in the queue, or it was refused while leadership was settling): nothing was
+    /// written; the producer resends both, in order (Kafka: NOT_ENOUGH_REPLICAS, retriable and
+    /// not persisted). Not OUT_OF_ORDER_SEQUENCE_NUMBER: librdkafka answers that, for any
+    /// request but the first in flight, by bumping its epoch for every partition, which resends
+    /// under the new epoch batches another partition may already hold (librdkafka issue 4953).
+    #[error(
+        "producer {producer_id}: an earlier batch was not written (sequence {expected} expected, {got} given); resend both in order"
+    )]
+    EarlierBatchUnwritten {
+        producer_id: i64,
+        expected: i32,
+        got: i32,
+    },
 }
 
 impl PartitionError {
@@ -116,6 +130,15 @@ impl PartitionError {
             PartitionError::QueueFull { queued, max } => PartitionError::QueueFull {
                 queued: *queued,
                 max: *max,
+            },
+            PartitionError::EarlierBatchUnwritten {
+                producer_id,
+                expected,
+                got,
+            } => PartitionError::EarlierBatchUnwritten {
+                producer_id: *producer_id,
+                expected: *expected,
+                got: *got,
             },
             other => PartitionError::Stopped(other.to_string()),
         }

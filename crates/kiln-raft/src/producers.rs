@@ -116,6 +116,11 @@ impl ProducerTable {
         }
     }
 
+    /// The epoch this table holds for `producer_id`, if it knows the producer.
+    pub fn epoch(&self, producer_id: i64) -> Option<i16> {
+        self.entries.get(&producer_id).map(|e| e.epoch)
+    }
+
     /// What the leader does with `batch` (see the module docs). `batch.base_offset` is not
     /// looked at.
     pub fn check(&self, batch: &ProducerBatch) -> Verdict {

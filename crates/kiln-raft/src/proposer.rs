@@ -47,6 +47,14 @@ const TERM_START_WAIT: Duration = Duration::from_secs(5);
 const LEADERSHIP_POLL: Duration = Duration::from_millis(20);
 /// Longest wait for a retried batch's first write to be committed.
 const DUPLICATE_WAIT: Duration = Duration::from_secs(30);
+/// How long a producer's batches that leave a gap are answered retriably
+/// ([`PartitionError::EarlierBatchUnwritten`]) before the gap counts as real
+/// (OUT_OF_ORDER_SEQUENCE_NUMBER): Kafka clients' default request timeout, the longest an
+/// earlier batch may take to be retried.
+const GAP_RETRY_WINDOW: Duration = Duration::from_secs(30);
+/// Producers whose gap is being waited out ([`Gaps`]); past it all are forgotten (their next
+/// gap starts a new window).
+const GAPS_MAX: usize = 10_000;
 
 /// What a submitted append resolves to.
 pub type AppendReceiver = oneshot::Receiver<Result<AppendAck, PartitionError>>;
@@ -119,6 +127,7 @@ impl Proposer {
             slots: Arc::clone(&slots),
             leading: None,
             stale: Arc::new(AtomicBool::new(false)),
+            gaps: Gaps::default(),
         };
         tokio::spawn(run.run());
         Proposer {
@@ -244,6 +253,46 @@ struct Run {
     leading: Option<Leading>,
     /// Set when a write's fate is unknown or its offsets disagreed: rebuild before the next.
     stale: Arc<AtomicBool>,
+    /// Producers whose last batch left a gap, and since when.
+    gaps: Gaps,
+}
+
+/// A batch ahead of its producer's next sequence was almost always sent behind one that
+/// failed or is still being retried: the proposer dropped it (its produce timed out while
+/// queued), refused it (not the leader yet, queue full), or it went to the old leader. For
+/// [`GAP_RETRY_WINDOW`] from the first such batch such gaps are answered
+/// [`PartitionError::EarlierBatchUnwritten`] (retriable, nothing written), so the client
+/// resends both in order instead of starting a new epoch (see that error); past it, or for a
+/// gap at another sequence, as out of sequence.
+#[derive(Default)]
+struct Gaps {
+    /// Producer id -> (the sequence expected, when a batch first left a gap there).
+    seen: std::collections::HashMap<i64, (i32, tokio::time::Instant)>,
+}
+
+impl Gaps {
+    /// Whether a batch of `producer_id` leaving a gap after `expected` is answered retriably.
+    fn retriable(&mut self, producer_id: i64, expected: i32, now: tokio::time::Instant) -> bool {
+        if self.seen.len() >= GAPS_MAX && !self.seen.contains_key(&producer_id) {
+            self.seen.clear();
+        }
+        let (at, since) = *self
+            .seen
+            .entry(producer_id)
+            .and_modify(|e| {
+                if e.0 != expected {
+                    *e = (expected, now);
+                }
+            })
+            .or_insert((expected, now));
+        debug_assert_eq!(at, expected);
+        now.saturating_duration_since(since) < GAP_RETRY_WINDOW
+    }
+
+    /// A batch of `producer_id` was accepted: its gap, if any, is filled.
+    fn filled(&mut self, producer_id: i64) {
+        self.seen.remove(&producer_id);
+    }
 }
 
 /// What to do with one proposal.
@@ -429,12 +478,31 @@ impl Run {
             match check_all(&leading.table, &producer_batches) {
                 Ok(None) => {
                     for b in producer_batches {
+                        self.gaps.filled(b.producer_id);
                         leading.table.apply(b);
                     }
                 }
                 Ok(Some((base_offset, last_offset))) => {
                     let term = leading.term;
                     self.answer_duplicate(p, base_offset, last_offset, term);
+                    return Prepared::Answered;
+                }
+                Err(PartitionError::OutOfOrderSequence {
+                    producer_id,
+                    expected,
+                    got,
+                }) if got > expected
+                    && expected >= 0
+                    && same_epoch(&leading.table, &producer_batches, producer_id)
+                    && self
+                        .gaps
+                        .retriable(producer_id, expected, tokio::time::Instant::now()) =>
+                {
+                    let _ = p.reply.send(Err(PartitionError::EarlierBatchUnwritten {
+                        producer_id,
+                        expected,
+                        got,
+                    }));
                     return Prepared::Answered;
                 }
                 Err(e) => {
@@ -613,6 +681,16 @@ async fn leadership_lost(
     }
 }
 
+/// Whether `producer_id`'s batch among `batches` is of the epoch `table` holds for it (a gap
+/// within an epoch, not a new epoch that fails to start at 0).
+fn same_epoch(table: &ProducerTable, batches: &[ProducerBatch], producer_id: i64) -> bool {
+    let epoch = batches
+        .iter()
+        .find(|b| b.producer_id == producer_id)
+        .map(|b| b.producer_epoch);
+    epoch.is_some() && epoch == table.epoch(producer_id)
+}
+
 /// The verdict on a proposal's producer batches, in order, against `table` and each other:
 /// `Ok(None)` to append them all; `Ok(Some((base, last)))` when they are all retries (answer
 /// with those offsets); an error for a batch out of sequence, of a fenced epoch or of an
@@ -665,4 +743,36 @@ fn check_all(
         }
     }
     Ok(duplicate)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gap_is_retried_for_a_window_then_counts_as_real() {
+        let mut gaps = Gaps::default();
+        let t0 = tokio::time::Instant::now();
+        assert!(gaps.retriable(7, 10, t0));
+        assert!(gaps.retriable(7, 10, t0 + GAP_RETRY_WINDOW / 2));
+        assert!(!gaps.retriable(7, 10, t0 + GAP_RETRY_WINDOW));
+        // Filled (the earlier batch came), a later gap starts a new window.
+        gaps.filled(7);
+        assert!(gaps.retriable(7, 20, t0 + GAP_RETRY_WINDOW * 2));
+        // A gap at another sequence is a new one.
+        assert!(gaps.retriable(7, 30, t0 + GAP_RETRY_WINDOW * 4));
+        assert!(!gaps.retriable(7, 30, t0 + GAP_RETRY_WINDOW * 5));
+        // Producers are apart.
+        assert!(gaps.retriable(8, 30, t0 + GAP_RETRY_WINDOW * 5));
+    }
+
+    #[test]
+    fn the_gaps_kept_are_bounded() {
+        let mut gaps = Gaps::default();
+        let t0 = tokio::time::Instant::now();
+        for id in 0..(GAPS_MAX as i64 + 5) {
+            assert!(gaps.retriable(id, 1, t0));
+            assert!(gaps.seen.len() <= GAPS_MAX);
+        }
+    }
 }

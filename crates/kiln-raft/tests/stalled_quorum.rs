@@ -1,7 +1,9 @@
 //! A leader whose quorum is gone while producers keep submitting: its proposer's queue stays
 //! within `PROPOSER_QUEUE_BYTES_MAX` (past it appends are refused at once, retriably), and an
 //! append whose producer stopped waiting (a produce that timed out) is never written once the
-//! quorum is back, so it cannot land behind the client's retry. Over real sockets and files.
+//! quorum is back, so it cannot land behind the client's retry; an idempotent producer's batch
+//! sent behind a dropped one is answered retriably, not as out of sequence. Over real sockets
+//! and files.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -10,7 +12,7 @@ use std::collections::BTreeSet;
 
 use bytes::Bytes;
 use kiln_raft::partition::PROPOSER_QUEUE_BYTES_MAX;
-use kiln_raft::sim::build_batch;
+use kiln_raft::sim::{build_batch, build_idempotent_batch};
 use kiln_raft::PartitionError;
 use support::*;
 
@@ -136,6 +138,94 @@ async fn a_stalled_quorum_keeps_the_queue_bounded_and_drops_abandoned_appends() 
         abandoned.len(),
         late.len()
     );
+    for b in restarted.iter().chain(brokers.iter()) {
+        b.stop().await;
+    }
+}
+
+/// One record from idempotent producer 7 at `sequence`.
+fn idempotent(sequence: i32) -> Bytes {
+    let value = format!("seq {sequence}").into_bytes();
+    Bytes::from(build_idempotent_batch(
+        &[value],
+        1_700_000_000_000,
+        7,
+        sequence,
+    ))
+}
+
+// librdkafka answers OUT_OF_ORDER_SEQUENCE_NUMBER on any request but its first in flight by
+// starting a new epoch, which duplicates what other partitions may hold (librdkafka issue
+// 4953). A batch queued behind one the proposer dropped is therefore refused retriably
+// (for a while: `proposer.rs`, `Gaps`, unit-tested there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_behind_a_dropped_one_of_its_producer_is_refused_retriably() {
+    let dir = tempfile::tempdir().unwrap();
+    let (brokers, peers) = start_cluster(dir.path(), None).await;
+    let leader = wait_for_leader_of(&brokers).await;
+    let first = leader
+        .proposer()
+        .submit(idempotent(0))
+        .await
+        .unwrap()
+        .unwrap();
+    let followers: Vec<usize> = (0..3).filter(|&i| brokers[i].id != leader.id()).collect();
+    for &i in &followers {
+        brokers[i].stop().await;
+    }
+    // Every entry slot taken by a write that cannot commit yet, one entry each.
+    let mut in_flight = Vec::new();
+    for i in 0..4u64 {
+        in_flight.push(leader.proposer().submit(big_record(i, 1024)));
+        wait_until("the write to be proposed", || {
+            leader.proposer().entries_in_flight() == i as usize + 1
+        })
+        .await;
+    }
+    // Sequence 1 waits for a slot; its producer gives up (the produce timed out). Sequence 2,
+    // pipelined behind it, is still waited for.
+    drop(leader.proposer().submit_produce(idempotent(1), true));
+    let behind = leader.proposer().submit_produce(idempotent(2), true);
+
+    let mut restarted = Vec::new();
+    for &i in &followers {
+        let id = brokers[i].id;
+        let listener = tokio::net::TcpListener::bind(&peers[&id]).await.unwrap();
+        let home = dir.path().join(format!("broker-{id}"));
+        restarted.push(start_patient_follower(id, &home, listener, &peers).await);
+    }
+    for rx in in_flight {
+        rx.await.unwrap().unwrap();
+    }
+    match behind.await.unwrap() {
+        Err(PartitionError::EarlierBatchUnwritten {
+            producer_id: 7,
+            expected: 1,
+            got: 2,
+        }) => {}
+        other => panic!("sequence 2 behind a dropped sequence 1 answered {other:?}"),
+    }
+    // The producer resends both, in order: written once each, right after the others.
+    let one = leader
+        .proposer()
+        .submit(idempotent(1))
+        .await
+        .unwrap()
+        .unwrap();
+    let two = leader
+        .proposer()
+        .submit(idempotent(2))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(one.base_offset, first.base_offset + 5);
+    assert_eq!(two.base_offset, one.base_offset + 1);
+    // A rewind that is none of the kept batches is out of sequence at once.
+    let rewind = build_idempotent_batch(&[b"a".to_vec(), b"b".to_vec()], 1_700_000_000_000, 7, 1);
+    match leader.proposer().submit(Bytes::from(rewind)).await.unwrap() {
+        Err(PartitionError::OutOfOrderSequence { .. }) => {}
+        other => panic!("a rewind answered {other:?}"),
+    }
     for b in restarted.iter().chain(brokers.iter()) {
         b.stop().await;
     }

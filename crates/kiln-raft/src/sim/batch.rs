@@ -64,7 +64,7 @@ pub(super) fn build_keyed_batch(values: &[(Option<&[u8]>, &[u8])], timestamp_ms:
 
 /// As [`build_batch`], from an idempotent producer: `producer_id`, epoch 0, sequences from
 /// `base_sequence` (the CRC, which covers those fields, computed again).
-pub(super) fn build_idempotent_batch(
+pub fn build_idempotent_batch(
     values: &[Vec<u8>],
     timestamp_ms: i64,
     producer_id: i64,

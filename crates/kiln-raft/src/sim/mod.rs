@@ -76,7 +76,7 @@ mod net;
 mod offsets;
 mod rot;
 
-pub use batch::build_batch;
+pub use batch::{build_batch, build_idempotent_batch};
 pub use net::{SimLink, SimNetworkFactory, SimRouter};
 
 use check::check;
