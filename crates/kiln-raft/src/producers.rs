@@ -96,6 +96,14 @@ fn next_sequence(seq: i32) -> i32 {
     }
 }
 
+/// Whether `got` lies ahead of `expected` in sequence space (a gap, not a repeat): less than
+/// half the sequence range on, counting across the wrap from `i32::MAX` to 0.
+pub fn sequence_ahead(expected: i32, got: i32) -> bool {
+    let range = i64::from(i32::MAX) + 1;
+    let distance = (i64::from(got) - i64::from(expected)).rem_euclid(range);
+    distance > 0 && distance < range / 2
+}
+
 impl ProducerTable {
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -394,6 +402,15 @@ mod tests {
             t.check(&batch(9, 0, 0, 1, 0)),
             Verdict::OutOfOrder { expected: 6, .. }
         ));
+    }
+
+    #[test]
+    fn a_sequence_is_ahead_across_the_wrap_too() {
+        assert!(sequence_ahead(3, 4));
+        assert!(!sequence_ahead(3, 3));
+        assert!(!sequence_ahead(3, 1));
+        assert!(sequence_ahead(i32::MAX - 1, 2));
+        assert!(!sequence_ahead(2, i32::MAX - 1));
     }
 
     #[test]

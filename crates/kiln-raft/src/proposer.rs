@@ -33,7 +33,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::partition::{AppendAck, PartitionError};
 use crate::payload::{Command, Payload};
-use crate::producers::{ProducerTable, Verdict};
+use crate::producers::{sequence_ahead, ProducerTable, Verdict};
 use crate::state_machine::StateMachine;
 use crate::types::Raft;
 
@@ -291,6 +291,10 @@ impl Gaps {
 
     /// A batch of `producer_id` was accepted: its gap, if any, is filled.
     fn filled(&mut self, producer_id: i64) {
+        // Called for every accepted idempotent batch: nothing to look up, most of the time.
+        if self.seen.is_empty() {
+            return;
+        }
         self.seen.remove(&producer_id);
     }
 }
@@ -491,8 +495,8 @@ impl Run {
                     producer_id,
                     expected,
                     got,
-                }) if got > expected
-                    && expected >= 0
+                }) if expected >= 0
+                    && sequence_ahead(expected, got)
                     && same_epoch(&leading.table, &producer_batches, producer_id)
                     && self
                         .gaps

@@ -23,6 +23,35 @@ fn big_record(i: u64, bytes: usize) -> Bytes {
     Bytes::from(build_batch(&[value], 1_700_000_000_000))
 }
 
+/// Stops every broker but `leader`'s; returns their indexes in `brokers`.
+async fn stop_followers(brokers: &[Broker], leader: &kiln_raft::ReplicatedPartition) -> Vec<usize> {
+    let followers: Vec<usize> = (0..brokers.len())
+        .filter(|&i| brokers[i].id != leader.id())
+        .collect();
+    for &i in &followers {
+        brokers[i].stop().await;
+    }
+    followers
+}
+
+/// Starts `followers` again on their files and addresses, standing for no election while the
+/// leader reaches them again (`start_patient_follower`).
+async fn restart_patient(
+    brokers: &[Broker],
+    followers: &[usize],
+    peers: &kiln_raft::net::PeerAddrs,
+    root: &std::path::Path,
+) -> Vec<Broker> {
+    let mut restarted = Vec::new();
+    for &i in followers {
+        let id = brokers[i].id;
+        let listener = tokio::net::TcpListener::bind(&peers[&id]).await.unwrap();
+        let home = root.join(format!("broker-{id}"));
+        restarted.push(start_patient_follower(id, &home, listener, peers).await);
+    }
+    restarted
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stalled_quorum_keeps_the_queue_bounded_and_drops_abandoned_appends() {
     let dir = tempfile::tempdir().unwrap();
@@ -37,10 +66,7 @@ async fn a_stalled_quorum_keeps_the_queue_bounded_and_drops_abandoned_appends() 
         .unwrap()
         .unwrap();
     // Both followers go away: nothing can commit.
-    let followers: Vec<usize> = (0..3).filter(|&i| brokers[i].id != leader.id()).collect();
-    for &i in &followers {
-        brokers[i].stop().await;
-    }
+    let followers = stop_followers(&brokers, &leader).await;
 
     // Submit 1 MiB appends until the proposer refuses one.
     let record_bytes = 1 << 20;
@@ -79,13 +105,7 @@ async fn a_stalled_quorum_keeps_the_queue_bounded_and_drops_abandoned_appends() 
     // The followers come back on their files and addresses; the quorum is whole again. They
     // stand for no election meanwhile: one that did would take the term (its log is as long
     // as the other's), and the queued appends would be refused, which is another test.
-    let mut restarted = Vec::new();
-    for &i in &followers {
-        let id = brokers[i].id;
-        let listener = tokio::net::TcpListener::bind(&peers[&id]).await.unwrap();
-        let home = dir.path().join(format!("broker-{id}"));
-        restarted.push(start_patient_follower(id, &home, listener, &peers).await);
-    }
+    let restarted = restart_patient(&brokers, &followers, &peers, dir.path()).await;
     let mut acked = BTreeSet::new();
     for (i, rx) in kept {
         match rx.await.unwrap() {
@@ -169,10 +189,7 @@ async fn a_batch_behind_a_dropped_one_of_its_producer_is_refused_retriably() {
         .await
         .unwrap()
         .unwrap();
-    let followers: Vec<usize> = (0..3).filter(|&i| brokers[i].id != leader.id()).collect();
-    for &i in &followers {
-        brokers[i].stop().await;
-    }
+    let followers = stop_followers(&brokers, &leader).await;
     // Every entry slot taken by a write that cannot commit yet, one entry each.
     let mut in_flight = Vec::new();
     for i in 0..4u64 {
@@ -187,13 +204,7 @@ async fn a_batch_behind_a_dropped_one_of_its_producer_is_refused_retriably() {
     drop(leader.proposer().submit_produce(idempotent(1), true));
     let behind = leader.proposer().submit_produce(idempotent(2), true);
 
-    let mut restarted = Vec::new();
-    for &i in &followers {
-        let id = brokers[i].id;
-        let listener = tokio::net::TcpListener::bind(&peers[&id]).await.unwrap();
-        let home = dir.path().join(format!("broker-{id}"));
-        restarted.push(start_patient_follower(id, &home, listener, &peers).await);
-    }
+    let restarted = restart_patient(&brokers, &followers, &peers, dir.path()).await;
     for rx in in_flight {
         rx.await.unwrap().unwrap();
     }

@@ -220,7 +220,7 @@ pub struct OffsetsStore {
     /// The offsets group's local replica: commits are written through its proposer.
     replica: OnceLock<Arc<Replica>>,
     state: Mutex<Coordinating>,
-    /// What is known committed of the serving term's writes.
+    /// What is known committed of the serving epoch's writes.
     progress: tokio::sync::watch::Sender<Progress>,
     /// The Raft term this broker coordinates in, once its view is caught up.
     serving_term: AtomicU64,
