@@ -426,6 +426,17 @@ impl ReplicatedPartition {
         (m.state == ServerState::Leader).then_some(m.current_term)
     }
 
+    /// Whether the high watermark is of the current term: an entry of this term is applied. A
+    /// new leader learns that earlier terms' entries are committed only when its own first
+    /// entry (Raft's blank entry) commits, so until then its high watermark trails what the
+    /// previous leader acknowledged.
+    pub fn high_watermark_is_current(&self) -> bool {
+        let term = self.raft.metrics().borrow().current_term;
+        self.state
+            .last_applied()
+            .is_some_and(|applied| applied.leader_id.term == term)
+    }
+
     /// The leader this replica knows of (itself included) and the current term.
     pub fn leader_and_term(&self) -> (Option<NodeId>, u64) {
         let m = self.raft.metrics();

@@ -2,8 +2,9 @@
 //! within `PROPOSER_QUEUE_BYTES_MAX` (past it appends are refused at once, retriably), and an
 //! append whose producer stopped waiting (a produce that timed out) is never written once the
 //! quorum is back, so it cannot land behind the client's retry; an idempotent producer's batch
-//! sent behind a dropped one is answered retriably, not as out of sequence. Over real sockets
-//! and files.
+//! sent behind a dropped one is answered retriably, not as out of sequence; a new leader whose
+//! first entry cannot commit does not call its high watermark current. Over real sockets and
+//! files.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -240,4 +241,61 @@ async fn a_batch_behind_a_dropped_one_of_its_producer_is_refused_retriably() {
     for b in restarted.iter().chain(brokers.iter()) {
         b.stop().await;
     }
+}
+
+/// A new leader whose follower's disk takes no writes cannot commit its term's first entry:
+/// until it does, it says its high watermark is not current (ListOffsets answers
+/// OFFSET_NOT_AVAILABLE then). Once the follower's disk takes writes again the entry commits,
+/// and the high watermark is the one the previous leader acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_leaders_high_watermark_is_current_only_once_its_term_has_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (brokers, peers) = start_cluster(dir.path(), None).await;
+    let old = wait_for_leader_of(&brokers).await;
+    for i in 0..10 {
+        old.append(Bytes::from(record(i))).await.unwrap();
+    }
+    assert!(old.high_watermark_is_current());
+    let acknowledged = old.high_watermark();
+    assert_eq!(acknowledged, 10);
+    let followers: Vec<usize> = (0..brokers.len())
+        .filter(|&i| brokers[i].id != old.id())
+        .collect();
+    // One follower (C) restarts patient, so that the other (B) is the next leader; C's disk
+    // is then full, so B's first entry reaches no majority.
+    let (b, c) = (followers[0], followers[1]);
+    brokers[c].stop().await;
+    let c = restart_patient(&brokers, &[c], &peers, dir.path())
+        .await
+        .remove(0);
+    wait_until("every replica to apply what was acknowledged", || {
+        brokers[b].replica.high_watermark() == acknowledged
+            && c.replica.high_watermark() == acknowledged
+    })
+    .await;
+    c.full.store(true, std::sync::atomic::Ordering::SeqCst);
+    brokers
+        .iter()
+        .find(|x| x.id == old.id())
+        .unwrap()
+        .stop()
+        .await;
+    let new = brokers[b].replica.clone();
+    wait_until("B to lead", || new.leader_epoch().is_some()).await;
+    for _ in 0..10 {
+        assert!(new.leader_epoch().is_some());
+        assert!(
+            !new.high_watermark_is_current(),
+            "a leader whose term committed nothing says its high watermark is current"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    }
+    c.full.store(false, std::sync::atomic::Ordering::SeqCst);
+    wait_until("the new term's first entry to commit", || {
+        new.high_watermark_is_current()
+    })
+    .await;
+    assert_eq!(new.high_watermark(), acknowledged);
+    brokers[b].stop().await;
+    c.stop().await;
 }

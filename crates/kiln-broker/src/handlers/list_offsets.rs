@@ -1,5 +1,7 @@
 //! ListOffsets, answered by the partition's leader: earliest is the log start (retention moves
-//! it), latest the high watermark, a timestamp the first record at or after it.
+//! it), latest the high watermark, a timestamp the first record at or after it. A leader whose
+//! term has not committed an entry yet answers OFFSET_NOT_AVAILABLE where its high watermark
+//! would matter.
 
 use std::sync::Arc;
 
@@ -46,7 +48,11 @@ pub fn handle(cluster: &Arc<Cluster>, request: ListOffsetsRequest) -> ListOffset
                     else {
                         return response.with_error_code(ResponseError::NotLeaderOrFollower.code());
                     };
+                    let current = replica.partition.high_watermark_is_current();
                     match lookup(&replica.partition, p.timestamp) {
+                        Ok(found) if !answerable(current, p.timestamp, found.is_some()) => {
+                            response.with_error_code(ResponseError::OffsetNotAvailable.code())
+                        }
                         Ok(Some((offset, timestamp))) => {
                             response.with_offset(offset).with_timestamp(timestamp)
                         }
@@ -64,6 +70,14 @@ pub fn handle(cluster: &Arc<Cluster>, request: ListOffsetsRequest) -> ListOffset
         })
         .collect();
     ListOffsetsResponse::default().with_topics(topics)
+}
+
+/// Whether a query is answered with what was found. A new leader's high watermark may trail
+/// what its predecessor acknowledged (`high_watermark_is_current`): answered from it, the log
+/// end would seem to go backwards. Kafka answers OFFSET_NOT_AVAILABLE (retriable) meanwhile, for
+/// LATEST and for a timestamp found nowhere below the high watermark.
+fn answerable(high_watermark_is_current: bool, timestamp: i64, found: bool) -> bool {
+    high_watermark_is_current || !(timestamp == LATEST || (timestamp >= 0 && !found))
 }
 
 /// (offset, timestamp) for a ListOffsets query; timestamp -1 for the special queries.
@@ -119,4 +133,26 @@ fn first_record_at_or_after(
         .iter()
         .find(|r| r.timestamp >= ts && r.offset < high_watermark)
         .map(|r| (r.offset, r.timestamp)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_leader_whose_term_has_not_committed_answers_only_what_cannot_go_backwards() {
+        for timestamp in [LATEST, EARLIEST, 0, 1_700_000_000_000, -3] {
+            for found in [false, true] {
+                assert!(answerable(true, timestamp, found));
+            }
+        }
+        assert!(!answerable(false, LATEST, true));
+        assert!(!answerable(false, 1_700_000_000_000, false));
+        // Found below the high watermark: a later one can only be later.
+        assert!(answerable(false, 1_700_000_000_000, true));
+        // The log start does not depend on the high watermark.
+        assert!(answerable(false, EARLIEST, true));
+        // Not served at all (the answer says -1 whoever leads).
+        assert!(answerable(false, -3, false));
+    }
 }
