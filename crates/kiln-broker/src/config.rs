@@ -83,7 +83,9 @@ pub struct ClusterSettings {
     /// A follower that hears nothing from its leader for `election_timeout_max_ms` (openraft's
     /// leader lease) plus a random time in this range starts an election: with the defaults a
     /// dead leader is replaced 0.9-1.2 s after it stopped answering. Keep the lower bound
-    /// several heartbeats long.
+    /// several heartbeats long. A leader serves clients only while a quorum acknowledged it
+    /// within `election_timeout_max_ms` less 1.5 heartbeats (its lease), so the upper bound
+    /// must exceed 1.5 heartbeats.
     pub election_timeout_min_ms: u64,
     pub election_timeout_max_ms: u64,
     /// Longest wait for one Raft message to a peer before it counts as unreachable.
@@ -153,6 +155,16 @@ impl ClusterSettings {
                 "cluster timings must satisfy 0 < heartbeat_ms ({}) < election_timeout_min_ms ({}) < election_timeout_max_ms ({})",
                 self.heartbeat_ms, self.election_timeout_min_ms, self.election_timeout_max_ms
             ));
+        }
+        // A leader serves clients for a lease within the election timeout (kiln-raft
+        // `lease.rs`); timings that leave none would refuse every partition at start.
+        let raft = kiln_raft::partition::raft_config(
+            self.heartbeat_ms,
+            self.election_timeout_min_ms,
+            self.election_timeout_max_ms,
+        );
+        if let Err(e) = kiln_raft::lease::lease(&raft) {
+            return Err(format!("cluster timings: {e}"));
         }
         if self.rpc_timeout_ms == 0 {
             return Err("cluster.rpc_timeout_ms must be at least 1".into());
@@ -395,4 +407,36 @@ pub fn split_host_port(address: &str) -> Result<(String, i32), String> {
         .parse()
         .map_err(|_| format!("address {address:?} has an invalid port"))?;
     Ok((host.trim_matches(['[', ']']).to_string(), i32::from(port)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one_peer() -> ClusterSettings {
+        ClusterSettings {
+            peers: vec![PeerSettings {
+                id: 1,
+                kafka: "127.0.0.1:9092".into(),
+                raft: "127.0.0.1:9093".into(),
+            }],
+            ..ClusterSettings::default()
+        }
+    }
+
+    #[test]
+    fn timings_that_leave_a_leader_no_lease_are_refused() {
+        assert_eq!(one_peer().validate(1), Ok(()));
+        let tight = ClusterSettings {
+            heartbeat_ms: 100,
+            election_timeout_min_ms: 120,
+            election_timeout_max_ms: 150,
+            ..one_peer()
+        };
+        let err = tight.validate(1).expect_err("no lease left");
+        assert!(
+            err.contains("election_timeout_max (150 ms) must exceed"),
+            "{err}"
+        );
+    }
 }

@@ -12,6 +12,7 @@
 //! * `full_disk`: a full disk is waited out, not fatal.
 //! * `elections`: the replica's election timer: off while repairing, and a random pause after
 //!   a failed election (openraft 0.9 draws its timeout once, so two candidates can tie forever).
+//! * [`lease`]: check-quorum as a lease (a leader cut off from its quorum stops serving).
 //! * [`partition`]: [`ReplicatedPartition`], one replica: append (acknowledged once a majority
 //!   has fsynced), read below the high watermark, leader epoch, retention's command.
 //! * [`proposer`]: [`Proposer`], the leader's ordered, coalescing append queue.
@@ -29,6 +30,7 @@ pub mod bootstrap;
 mod elections;
 mod full_disk;
 pub mod guard;
+pub mod lease;
 pub mod log_store;
 pub mod net;
 pub mod partition;

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use kiln_log::fs::Fs;
 use kiln_log::{LogConfig, ReadResult, SegmentInfo, TimestampLookup};
 use openraft::error::{InitializeError, RaftError};
-use openraft::{Config, RaftNetworkFactory, ServerState, SnapshotPolicy};
+use openraft::{Config, RaftNetworkFactory, SnapshotPolicy};
 
 use crate::guard::{GuardedNetwork, ReplicaHealth};
 use crate::log_store::{LogRecovery, LogStore};
@@ -244,6 +244,8 @@ pub struct ReplicatedPartition {
     state: StateMachine,
     health: ReplicaHealth,
     proposer: Proposer,
+    /// How long it leads for clients after a quorum's last acknowledgement (`lease.rs`).
+    lease: std::time::Duration,
 }
 
 impl ReplicatedPartition {
@@ -260,6 +262,7 @@ impl ReplicatedPartition {
             .config
             .validate()
             .map_err(|e| PartitionError::Stopped(e.to_string()))?;
+        let lease = crate::lease::lease(&config).map_err(PartitionError::Stopped)?;
         let (store, recovery) =
             LogStore::open(opts.fs, &opts.dir, opts.log, opts.repairable).await?;
         let health = store.health();
@@ -301,6 +304,7 @@ impl ReplicatedPartition {
             state.clone(),
             opts.max_entry_bytes,
             opts.max_queued_bytes,
+            lease,
         );
         Ok((
             ReplicatedPartition {
@@ -310,6 +314,7 @@ impl ReplicatedPartition {
                 state,
                 health,
                 proposer,
+                lease,
             },
             recovery,
         ))
@@ -419,11 +424,17 @@ impl ReplicatedPartition {
         self.state.last_applied().map(|l| l.index)
     }
 
-    /// The Kafka leader epoch if this replica is the leader now: its Raft term.
+    /// The Kafka leader epoch if this replica leads now (its lease holds, `lease.rs`): its Raft
+    /// term.
     pub fn leader_epoch(&self) -> Option<u64> {
         let m = self.raft.metrics();
         let m = m.borrow();
-        (m.state == ServerState::Leader).then_some(m.current_term)
+        crate::lease::holds(&m, self.lease).then_some(m.current_term)
+    }
+
+    /// Whether this replica leads for clients: Raft leader with its lease held (`lease.rs`).
+    pub fn leads(&self) -> bool {
+        crate::lease::holds(&self.raft.metrics().borrow(), self.lease)
     }
 
     /// Whether the high watermark is of the current term: an entry of this term is applied. A
@@ -437,11 +448,15 @@ impl ReplicatedPartition {
             .is_some_and(|applied| applied.leader_id.term == term)
     }
 
-    /// The leader this replica knows of (itself included) and the current term.
+    /// The leader this replica knows of (itself included, only while its lease holds:
+    /// `lease.rs`) and the current term.
     pub fn leader_and_term(&self) -> (Option<NodeId>, u64) {
         let m = self.raft.metrics();
         let m = m.borrow();
-        (m.current_leader, m.current_term)
+        let leader = m
+            .current_leader
+            .filter(|&l| l != self.id || crate::lease::holds(&m, self.lease));
+        (leader, m.current_term)
     }
 
     /// Whole batches from the one holding `offset`, up to `max_bytes` (at least one batch when

@@ -114,6 +114,7 @@ impl Proposer {
         state: StateMachine,
         max_entry_bytes: usize,
         max_queued_bytes: usize,
+        lease: Duration,
     ) -> Proposer {
         let (queue, rx) = mpsc::unbounded_channel();
         let slots = Arc::new(Semaphore::new(ENTRIES_IN_FLIGHT));
@@ -128,6 +129,7 @@ impl Proposer {
             leading: None,
             stale: Arc::new(AtomicBool::new(false)),
             gaps: Gaps::default(),
+            lease,
         };
         tokio::spawn(run.run());
         Proposer {
@@ -255,6 +257,9 @@ struct Run {
     stale: Arc<AtomicBool>,
     /// Producers whose last batch left a gap, and since when.
     gaps: Gaps,
+    /// The leader's lease (`lease.rs`): a write waits for its commit no longer than the lease
+    /// holds.
+    lease: Duration,
 }
 
 /// A batch ahead of its producer's next sequence was almost always sent behind one that
@@ -382,12 +387,17 @@ impl Run {
 
     /// Makes sure this replica leads and `leading` is right for its term (see the module docs).
     async fn ensure_leading(&mut self) -> Result<(), PartitionError> {
-        let (leader, term, state) = {
+        let (leader, term, state, lapsed) = {
             let m = self.raft.metrics();
             let m = m.borrow();
-            (m.current_leader, m.current_term, m.state)
+            let lapsed = m
+                .millis_since_quorum_ack
+                .is_some_and(|ms| u128::from(ms) > self.lease.as_millis());
+            (m.current_leader, m.current_term, m.state, lapsed)
         };
-        if state != ServerState::Leader {
+        // A leader whose lease lapsed (`lease.rs`) proposes nothing: the entry could not commit
+        // before another leader may lead, and `leadership_lost` would answer it at once.
+        if state != ServerState::Leader || lapsed {
             self.leading = None;
             return Err(PartitionError::NotLeader { leader });
         }
@@ -593,6 +603,7 @@ impl Run {
             unreachable!("a write prepared while not leading");
         };
         let metrics = self.raft.metrics();
+        let lease = self.lease;
         match self.raft.client_write_ff(payload).await {
             Err(fatal) => {
                 drop(slot);
@@ -609,11 +620,13 @@ impl Run {
                     // behind the log start): then the answer never comes. Stop waiting once
                     // this replica no longer leads the term the entry was proposed in, so the
                     // slot comes back and the producer hears NOT_LEADER (the fate is unknown).
+                    // Likewise once its lease lapses: a leader cut off from its quorum may never
+                    // hear of the next term, and the write would wait forever.
                     let outcome = tokio::select! {
                         // Biased: the simulation replays exactly (and an answer beats a lost term).
                         biased;
                         outcome = committed => Some(outcome),
-                        () = leadership_lost(metrics, term) => None,
+                        () = leadership_lost(metrics, term, lease) => None,
                     };
                     drop(slot);
                     let outcome = match outcome {
@@ -664,7 +677,10 @@ impl Run {
     }
 }
 
-/// Resolves once the Raft node no longer leads `term`, or stopped. It looks every [`LEADERSHIP_POLL`] rather than waiting on the metrics channel: a
+/// Resolves once the Raft node no longer leads `term`, or stopped, or its lease lapsed (a
+/// quorum acknowledged nothing it sent in the last `lease`; before the term's first
+/// acknowledgement there is no lease to lapse, and `ensure_leading` proposes nothing until
+/// then). It looks every [`LEADERSHIP_POLL`] rather than waiting on the metrics channel: a
 /// tokio `watch` wakes its waiters in a random order, which would make the simulation's
 /// replays differ, and a few timers per partition with writes in flight cost nothing.
 async fn leadership_lost(
@@ -672,6 +688,7 @@ async fn leadership_lost(
         openraft::RaftMetrics<crate::types::NodeId, openraft::EmptyNode>,
     >,
     term: u64,
+    lease: Duration,
 ) {
     loop {
         tokio::time::sleep(LEADERSHIP_POLL).await;
@@ -679,7 +696,10 @@ async fn leadership_lost(
             return;
         }
         let m = metrics.borrow();
-        if m.state != ServerState::Leader || m.current_term != term {
+        let lapsed = m
+            .millis_since_quorum_ack
+            .is_some_and(|ms| u128::from(ms) > lease.as_millis());
+        if m.state != ServerState::Leader || m.current_term != term || lapsed {
             return;
         }
     }

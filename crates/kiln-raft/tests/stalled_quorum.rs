@@ -56,7 +56,7 @@ async fn restart_patient(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stalled_quorum_keeps_the_queue_bounded_and_drops_abandoned_appends() {
     let dir = tempfile::tempdir().unwrap();
-    let (brokers, peers) = start_cluster(dir.path(), None).await;
+    let (brokers, peers) = start_cluster_long_lease(dir.path()).await;
     let leader = wait_for_leader_of(&brokers).await;
     let term = leader.leader_epoch().unwrap();
     // One append while the quorum is whole: the proposer has taken up its term.
@@ -182,7 +182,7 @@ fn idempotent(sequence: i32) -> Bytes {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_batch_behind_a_dropped_one_of_its_producer_is_refused_retriably() {
     let dir = tempfile::tempdir().unwrap();
-    let (brokers, peers) = start_cluster(dir.path(), None).await;
+    let (brokers, peers) = start_cluster_long_lease(dir.path()).await;
     let leader = wait_for_leader_of(&brokers).await;
     let first = leader
         .proposer()
@@ -281,9 +281,13 @@ async fn a_new_leaders_high_watermark_is_current_only_once_its_term_has_committe
         .stop()
         .await;
     let new = brokers[b].replica.clone();
-    wait_until("B to lead", || new.leader_epoch().is_some()).await;
+    let raft_leader = || new.raft().metrics().borrow().state == openraft::ServerState::Leader;
+    wait_until("B to win the election", raft_leader).await;
     for _ in 0..10 {
-        assert!(new.leader_epoch().is_some());
+        assert!(raft_leader());
+        // No quorum has acknowledged it yet, so it does not lead for clients either
+        // (`lease.rs`).
+        assert_eq!(new.leader_epoch(), None);
         assert!(
             !new.high_watermark_is_current(),
             "a leader whose term committed nothing says its high watermark is current"
@@ -292,10 +296,81 @@ async fn a_new_leaders_high_watermark_is_current_only_once_its_term_has_committe
     }
     c.full.store(false, std::sync::atomic::Ordering::SeqCst);
     wait_until("the new term's first entry to commit", || {
-        new.high_watermark_is_current()
+        new.high_watermark_is_current() && new.leads()
     })
     .await;
     assert_eq!(new.high_watermark(), acknowledged);
     brokers[b].stop().await;
     c.stop().await;
+}
+
+/// A leader cut off from its peers (its Raft links down, the replica itself running) does not
+/// know it is deposed: openraft 0.9 keeps it Leader until it hears of a later term. Its lease
+/// (`lease.rs`) lapses first: it stops leading for clients, its pending write is answered
+/// (NotLeader: fate unknown) instead of waiting forever, and at no moment do two replicas lead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_cut_off_from_its_quorum_stops_leading_before_another_leads() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let cuts = Arc::new(kiln_raft::net::LinkCuts::default());
+    let brokers = start_cluster_cuttable(dir.path(), &cuts).await;
+    let old = wait_for_leader_of(&brokers).await;
+    old.append(Bytes::from(record(0))).await.unwrap();
+    assert!(old.leads());
+    let term = old.leader_epoch().unwrap();
+    cuts.isolate(old.id());
+    let cut_at = tokio::time::Instant::now();
+    let o = old.clone();
+    let pending = tokio::spawn(async move { o.append(Bytes::from(record(1))).await });
+    // Watch every replica until another one leads: never two at once.
+    let others: Vec<&Broker> = brokers.iter().filter(|b| b.id != old.id()).collect();
+    let mut fenced_after = None;
+    let successor = tokio::time::timeout(WAIT, async {
+        loop {
+            let old_leads = old.leads();
+            if !old_leads && fenced_after.is_none() {
+                fenced_after = Some(cut_at.elapsed());
+            }
+            if let Some(b) = others.iter().find(|b| b.replica.leads()) {
+                assert!(!old_leads, "two replicas lead at once");
+                return b.replica.clone();
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .expect("no successor elected");
+    let fenced_after = fenced_after.unwrap();
+    println!(
+        "cut-off leader stopped leading after {fenced_after:?}; successor led after {:?}",
+        cut_at.elapsed()
+    );
+    // Still Leader to Raft, in its old term: only the lease tells it apart.
+    {
+        let m = old.raft().metrics().borrow().clone();
+        assert_eq!(m.state, openraft::ServerState::Leader);
+        assert_eq!(m.current_term, term);
+    }
+    assert_eq!(old.leader_epoch(), None);
+    assert_eq!(old.leader_and_term().0, None);
+    let answer = tokio::time::timeout(Duration::from_secs(5), pending)
+        .await
+        .expect("a write at a cut-off leader waited on past its lease")
+        .unwrap();
+    assert!(
+        matches!(answer, Err(PartitionError::NotLeader { .. })),
+        "{answer:?}"
+    );
+    // Healed, it learns of the later term and follows; the successor's log holds record 0.
+    cuts.heal(old.id());
+    wait_until("the old leader to follow", || {
+        old.leader_and_term().0 == Some(successor.id())
+    })
+    .await;
+    successor.append(Bytes::from(record(2))).await.unwrap();
+    assert!(successor.high_watermark() >= 2);
+    for b in &brokers {
+        b.stop().await;
+    }
 }

@@ -31,19 +31,21 @@ pub async fn run_timers(broker: Arc<Broker>, interval: Duration) {
     }
 }
 
-/// This broker coordinates every group while it leads the replicated offsets group. On winning
-/// it, it waits until its term's first entry is applied (so the table holds every commit made
-/// before the term), forgets members (they rejoin) and serves; on losing it, it stops serving at
-/// once (requests get NOT_COORDINATOR). Every replica applies the table all along, so there is
+/// This broker coordinates every group while it leads the replicated offsets group (its lease
+/// held). On winning it, it waits until its term's first entry is applied (so the table holds
+/// every commit made before the term), forgets members (they rejoin) and serves; on losing it,
+/// or its lease, it stops serving at once (requests get NOT_COORDINATOR). Every replica applies the table all along, so there is
 /// nothing to rebuild. A commit write that fails while it leads also stops serving
 /// (`offsets::OffsetsStore::wait`); it then starts again as on winning, from the table.
 pub async fn follow_coordinator_leadership(broker: Arc<Broker>, replica: Arc<Replica>) {
     let mut metrics = replica.partition.raft().metrics();
     loop {
-        let (leading, term) = {
-            let m = metrics.borrow_and_update();
-            (m.state == openraft::ServerState::Leader, m.current_term)
-        };
+        // Leading with its lease held (kiln-raft `lease.rs`): a coordinator cut off from its
+        // quorum stops serving before another can start, instead of keeping its own generation
+        // of every group and serving a stale table. The metrics change at least every Raft
+        // tick, so a lapse is seen within one.
+        let term = metrics.borrow_and_update().current_term;
+        let leading = replica.partition.leads();
         let store = broker.groups.store();
         let serving = store.serving_term();
         if !leading && serving.is_some() {

@@ -36,6 +36,39 @@ pub struct TcpNetwork {
     peers: PeerAddrs,
     rpc_timeout: Duration,
     connect_timeout: Duration,
+    /// This node's id and the links a test has cut ([`LinkCuts`]), if any.
+    cuts: Option<(NodeId, Arc<LinkCuts>)>,
+}
+
+/// A test hook: nodes whose Raft links are cut. Every RPC to or from an isolated node fails as
+/// unreachable before anything is sent, as if the network between the brokers were down, while
+/// the node itself runs on (its Kafka clients still reach it). Both directions need the hook in
+/// both nodes' networks: each node's network sees only what it sends.
+#[derive(Debug, Default)]
+pub struct LinkCuts {
+    isolated: std::sync::Mutex<std::collections::BTreeSet<NodeId>>,
+}
+
+impl LinkCuts {
+    pub fn isolate(&self, node: NodeId) {
+        self.lock().insert(node);
+    }
+
+    pub fn heal(&self, node: NodeId) {
+        self.lock().remove(&node);
+    }
+
+    fn blocks(&self, from: NodeId, to: NodeId) -> bool {
+        let isolated = self.lock();
+        isolated.contains(&from) || isolated.contains(&to)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<NodeId>> {
+        // A set of ids: a panic while it was held leaves it whole.
+        self.isolated
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 impl TcpNetwork {
@@ -47,7 +80,14 @@ impl TcpNetwork {
             peers,
             rpc_timeout,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            cuts: None,
         }
+    }
+
+    /// Subjects this network (node `from`'s) to `cuts` (a test hook).
+    pub fn with_cuts(mut self, from: NodeId, cuts: Arc<LinkCuts>) -> Self {
+        self.cuts = Some((from, cuts));
+        self
     }
 
     /// Replaces the connection timeout ([`DEFAULT_CONNECT_TIMEOUT`] unless set).
@@ -73,6 +113,7 @@ impl RaftNetworkFactory<KilnRaft> for TcpNetwork {
             rpc_timeout: self.rpc_timeout,
             connect_timeout: self.connect_timeout,
             stream: None,
+            cuts: self.cuts.clone(),
         }
     }
 }
@@ -88,6 +129,7 @@ pub struct TcpLink {
     /// `None` until connected, and after any failure: a stream whose request or response may
     /// be half sent or half read is never reused.
     stream: Option<TcpStream>,
+    cuts: Option<(NodeId, Arc<LinkCuts>)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -173,6 +215,12 @@ impl TcpLink {
         expect: u8,
         option: &RPCOption,
     ) -> Result<Message, CallError> {
+        if let Some((from, cuts)) = &self.cuts {
+            if cuts.blocks(*from, self.target) {
+                self.stream = None;
+                return Err(CallError::Unreachable("link cut (test hook)".into()));
+            }
+        }
         let frame = match codec::encode(&self.group, request) {
             Ok(frame) => frame,
             Err(CodecError::TooLarge { .. }) => return Err(CallError::TooLarge),

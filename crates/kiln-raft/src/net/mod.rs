@@ -17,7 +17,7 @@ mod client;
 pub(crate) mod codec;
 mod server;
 
-pub use client::{forward, hello, TcpLink, TcpNetwork, DEFAULT_CONNECT_TIMEOUT};
+pub use client::{forward, hello, LinkCuts, TcpLink, TcpNetwork, DEFAULT_CONNECT_TIMEOUT};
 pub use codec::MAX_FRAME_BYTES;
 pub use server::serve;
 

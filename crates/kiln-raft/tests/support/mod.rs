@@ -11,7 +11,7 @@ use std::time::Duration;
 use kiln_log::fs::{Fs, FsFile, RealFs, SyncFuture};
 use kiln_log::LogConfig;
 use kiln_raft::log_store::LogRecovery;
-use kiln_raft::net::{serve, GroupTable, PeerAddrs, TcpNetwork};
+use kiln_raft::net::{serve, GroupTable, LinkCuts, PeerAddrs, TcpNetwork};
 use kiln_raft::partition::raft_config;
 use kiln_raft::sim::build_batch;
 use kiln_raft::{NodeId, ReplicatedPartition, StartOptions};
@@ -130,7 +130,16 @@ pub async fn start_broker_with(
     peers: &PeerAddrs,
     log: LogConfig,
 ) -> Broker {
-    start_broker_timed(id, dir, listener, peers, log, raft_config(50, 150, 300)).await
+    start_broker_timed(
+        id,
+        dir,
+        listener,
+        peers,
+        log,
+        raft_config(50, 150, 300),
+        None,
+    )
+    .await
 }
 
 /// As [`start_broker`], for a replica that stands for no election for its first 5 s: a test
@@ -144,7 +153,28 @@ pub async fn start_patient_follower(
     peers: &PeerAddrs,
 ) -> Broker {
     let config = raft_config(50, 5_000, 6_000);
-    start_broker_timed(id, dir, listener, peers, LogConfig::default(), config).await
+    start_broker_timed(id, dir, listener, peers, LogConfig::default(), config, None).await
+}
+
+/// Starts three new brokers under `root` whose Raft links `cuts` can cut.
+pub async fn start_cluster_cuttable(root: &Path, cuts: &Arc<LinkCuts>) -> Vec<Broker> {
+    let (listeners, peers) = listeners(None).await;
+    let mut brokers = Vec::new();
+    for (i, listener) in listeners.into_iter().enumerate() {
+        let id = i as u64 + 1;
+        let dir = root.join(format!("broker-{id}"));
+        let config = raft_config(50, 150, 300);
+        let cut = Some(cuts.clone());
+        let log = LogConfig::default();
+        brokers.push(start_broker_timed(id, &dir, listener, &peers, log, config, cut).await);
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    brokers[0]
+        .replica
+        .initialize(BTreeSet::from([1, 2, 3]))
+        .await
+        .unwrap();
+    brokers
 }
 
 async fn start_broker_timed(
@@ -154,11 +184,15 @@ async fn start_broker_timed(
     peers: &PeerAddrs,
     log: LogConfig,
     config: openraft::Config,
+    cuts: Option<Arc<LinkCuts>>,
 ) -> Broker {
     std::fs::create_dir_all(dir).unwrap();
     let full = Arc::new(AtomicBool::new(false));
     let fs = Arc::new(FullableFs { full: full.clone() });
-    let network = TcpNetwork::new(GROUP, peers.clone(), Duration::from_millis(500));
+    let mut network = TcpNetwork::new(GROUP, peers.clone(), Duration::from_millis(500));
+    if let Some(cuts) = cuts {
+        network = network.with_cuts(id, cuts);
+    }
     let mut opts = StartOptions::data(id, config, fs, dir);
     opts.log = log;
     let (replica, recovery) = ReplicatedPartition::start(opts, network).await.unwrap();
@@ -199,12 +233,35 @@ pub async fn start_cluster_with(
     addrs: Option<&PeerAddrs>,
     log: LogConfig,
 ) -> (Vec<Broker>, PeerAddrs) {
+    start_cluster_timed(root, addrs, log, raft_config(50, 150, 300)).await
+}
+
+/// A new cluster whose leader's lease (`election_timeout_max` less a tick) outlasts a stall of
+/// a few seconds: for tests that stop the followers and expect the leader to keep its term
+/// until they are back.
+pub async fn start_cluster_long_lease(root: &Path) -> (Vec<Broker>, PeerAddrs) {
+    start_cluster_timed(
+        root,
+        None,
+        LogConfig::default(),
+        raft_config(50, 150, 8_000),
+    )
+    .await
+}
+
+async fn start_cluster_timed(
+    root: &Path,
+    addrs: Option<&PeerAddrs>,
+    log: LogConfig,
+    config: openraft::Config,
+) -> (Vec<Broker>, PeerAddrs) {
     let (listeners, peers) = listeners(addrs).await;
     let mut brokers = Vec::new();
     for (i, listener) in listeners.into_iter().enumerate() {
         let id = i as u64 + 1;
         let dir = root.join(format!("broker-{id}"));
-        brokers.push(start_broker_with(id, &dir, listener, &peers, log.clone()).await);
+        let (log, config) = (log.clone(), config.clone());
+        brokers.push(start_broker_timed(id, &dir, listener, &peers, log, config, None).await);
         // Replicas started in the same millisecond tick in phase and split votes (see
         // tests/net.rs); brokers never start together.
         tokio::time::sleep(Duration::from_millis(25)).await;
