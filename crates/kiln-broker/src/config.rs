@@ -92,6 +92,10 @@ pub struct ClusterSettings {
     pub rpc_timeout_ms: u64,
     /// Largest Raft entry the produce path builds by joining queued producer batches.
     pub max_entry_bytes: usize,
+    /// A test hook, never read from a file: cuts this broker's Raft links on demand
+    /// (`kiln_raft::net::LinkCuts`) while its Kafka listener stays up.
+    #[serde(skip)]
+    pub link_cuts: Option<std::sync::Arc<kiln_raft::net::LinkCuts>>,
 }
 
 /// One `[[cluster.peers]]` entry.
@@ -116,6 +120,7 @@ impl Default for ClusterSettings {
             election_timeout_max_ms: kiln_raft::partition::ELECTION_TIMEOUT_MAX_MS,
             rpc_timeout_ms: 2_000,
             max_entry_bytes: kiln_raft::partition::ENTRY_BYTES_MAX,
+            link_cuts: None,
         }
     }
 }

@@ -6,6 +6,7 @@
 
 mod groups_common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use groups_common::{
@@ -18,6 +19,7 @@ use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 use kiln_broker::{BrokerConfig, ClusterSettings, PeerSettings};
 use kiln_client::Connection;
+use kiln_raft::net::LinkCuts;
 
 const NOT_LEADER: i16 = 6;
 const NOT_CONTROLLER: i16 = 41;
@@ -44,6 +46,8 @@ struct Cluster {
     _dir: tempfile::TempDir,
     configs: Vec<BrokerConfig>,
     brokers: Vec<Option<TestBroker>>,
+    /// Cuts brokers' Raft links (the test hook every broker here is started with).
+    cuts: Arc<LinkCuts>,
 }
 
 impl Cluster {
@@ -54,6 +58,7 @@ impl Cluster {
     /// Configures three brokers and starts those in `ids`, together.
     async fn start_these(ids: &[i32]) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
+        let cuts = Arc::new(LinkCuts::default());
         let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
         let peers: Vec<PeerSettings> = ports
             .iter()
@@ -77,6 +82,7 @@ impl Cluster {
                 cluster: Some(ClusterSettings {
                     raft_listen: format!("127.0.0.1:{raft}").parse().unwrap(),
                     peers: peers.clone(),
+                    link_cuts: Some(cuts.clone()),
                     ..ClusterSettings::default()
                 }),
                 ..BrokerConfig::default()
@@ -102,6 +108,7 @@ impl Cluster {
             _dir: dir,
             configs,
             brokers,
+            cuts,
         }
     }
 
@@ -717,4 +724,98 @@ async fn a_topic_change_sent_to_any_broker_is_forwarded_to_the_controller() {
     let leader = cluster.leader("changes", 2).await;
     let mut to_leader = cluster.by_id(leader).connect().await;
     assert_eq!(produce(&mut to_leader, "changes", 2, 4).await, (0, 0));
+}
+
+/// The serving group coordinator's id, other than `not` (-1: any).
+async fn serving_coordinator(c: &Cluster, not: i32) -> i32 {
+    c.until("a serving coordinator", |c| {
+        c.live()
+            .map(|b| b.broker.config.node_id)
+            .find(|&id| id != not && c.by_id(id).broker.groups.store().is_serving())
+    })
+    .await
+}
+
+/// A broker whose Raft links are cut while its Kafka listener stays up does not know it is
+/// deposed (openraft keeps it Leader), but its lease lapses before another broker can lead:
+/// it names no leader for the partition it led and refuses produce there, stops coordinating
+/// groups (OffsetFetch and OffsetCommit get NOT_COORDINATOR), and so never answers a committed
+/// offset lower than one acknowledged by the coordinator that took over. Healed, it follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_broker_cut_off_from_its_peers_stops_serving_what_it_led() {
+    let cluster = Cluster::start().await;
+    let controller = cluster.controller().await;
+    let mut conn = cluster.by_id(controller).connect().await;
+    assert_eq!(create(&mut conn, "cut", 1).await, 0);
+    drop(conn);
+    let leader_of = |c: &Cluster, id: i32| -> Option<i32> {
+        let cl = &c.by_id(id).broker.cluster;
+        let topic = cl.topic("cut")?;
+        cl.partition(&topic, 0).map(|r| r.leader().0)
+    };
+
+    // The partition's leader is cut off.
+    let leader = cluster.leader("cut", 0).await;
+    let mut to_leader = cluster.by_id(leader).connect().await;
+    assert_eq!(produce(&mut to_leader, "cut", 0, 4).await, (0, 0));
+    cluster.cuts.isolate(leader as u64);
+    let cut_at = Instant::now();
+    cluster
+        .until("the cut-off leader to name no leader", |c| {
+            (leader_of(c, leader)? == -1).then_some(())
+        })
+        .await;
+    println!("cut-off leader fenced after {:?}", cut_at.elapsed());
+    assert_eq!(produce(&mut to_leader, "cut", 0, 1).await.0, NOT_LEADER);
+    let next = cluster
+        .until("a new leader", |c| {
+            c.live()
+                .map(|b| b.broker.config.node_id)
+                .filter(|&id| id != leader)
+                .find_map(|id| leader_of(c, id).filter(|&l| l > 0 && l != leader))
+        })
+        .await;
+    let mut to_next = cluster.by_id(next).connect().await;
+    assert_eq!(produce(&mut to_next, "cut", 0, 2).await, (0, 4));
+    assert_eq!(produce(&mut to_leader, "cut", 0, 1).await.0, NOT_LEADER);
+    cluster.cuts.heal(leader as u64);
+    cluster
+        .until("the healed broker to follow", |c| {
+            (leader_of(c, leader)? == next).then_some(())
+        })
+        .await;
+    drop((to_leader, to_next));
+
+    // The group coordinator is cut off.
+    let coordinator = serving_coordinator(&cluster, -1).await;
+    let mut to_coordinator = cluster.by_id(coordinator).connect().await;
+    assert_eq!(commit(&mut to_coordinator, "g", "cut", 3).await, 0);
+    cluster.cuts.isolate(coordinator as u64);
+    let cut_at = Instant::now();
+    cluster
+        .until("the cut-off coordinator to stop serving", |c| {
+            (!c.by_id(coordinator).broker.groups.store().is_serving()).then_some(())
+        })
+        .await;
+    println!("cut-off coordinator fenced after {:?}", cut_at.elapsed());
+    let not_coordinator = ResponseError::NotCoordinator.code();
+    assert_eq!(
+        committed(&mut to_coordinator, "g", "cut").await.0,
+        not_coordinator
+    );
+    let next = serving_coordinator(&cluster, coordinator).await;
+    let mut to_next = cluster.by_id(next).connect().await;
+    assert_eq!(committed(&mut to_next, "g", "cut").await, (0, 3));
+    assert_eq!(commit(&mut to_next, "g", "cut", 5).await, 0);
+    // The cut-off broker still answers, and never with the older 3.
+    assert_eq!(
+        committed(&mut to_coordinator, "g", "cut").await.0,
+        not_coordinator
+    );
+    assert_eq!(
+        commit(&mut to_coordinator, "g", "cut", 4).await,
+        not_coordinator
+    );
+    cluster.cuts.heal(coordinator as u64);
+    assert_eq!(committed(&mut to_next, "g", "cut").await, (0, 5));
 }

@@ -249,6 +249,7 @@ impl Cluster {
                 log: internal_log_config(),
                 kind,
                 table_snapshot_every: every,
+                link_cuts: settings.link_cuts.clone(),
             })
         };
         let metadata = open(
@@ -592,6 +593,7 @@ impl Cluster {
             log: settings.log.to_log_config(),
             kind: GroupKind::Data,
             table_snapshot_every: u64::MAX,
+            link_cuts: self.settings.link_cuts.clone(),
         })
         .await;
         match opened {

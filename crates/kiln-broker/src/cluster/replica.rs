@@ -120,6 +120,8 @@ pub struct OpenParams {
     pub kind: GroupKind,
     /// A table group snapshots after this many entries.
     pub table_snapshot_every: u64,
+    /// The test hook that cuts Raft links (`ClusterSettings::link_cuts`).
+    pub link_cuts: Option<Arc<kiln_raft::net::LinkCuts>>,
 }
 
 /// Opens (recovering) or creates a replica, initializes a brand-new group with `members`, and
@@ -127,7 +129,10 @@ pub struct OpenParams {
 /// leaders over the brokers when a topic is created.
 pub async fn open(p: OpenParams) -> Result<Arc<Replica>, PartitionError> {
     let id = node(p.node_id).ok_or_else(|| PartitionError::Stopped("negative node id".into()))?;
-    let network = TcpNetwork::new(p.group.clone(), p.peers, p.rpc_timeout);
+    let mut network = TcpNetwork::new(p.group.clone(), p.peers, p.rpc_timeout);
+    if let Some(cuts) = p.link_cuts {
+        network = network.with_cuts(id, cuts);
+    }
     let opts = StartOptions {
         id,
         config: p.config,

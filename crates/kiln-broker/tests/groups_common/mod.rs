@@ -459,7 +459,11 @@ pub async fn fetch_offset(
         .unwrap()
     {
         ResponseKind::OffsetFetch(r) => {
-            let p = &r.topics[0].partitions[0];
+            // A group-level error (NOT_COORDINATOR, say) comes with no topics.
+            let Some(p) = r.topics.first().and_then(|t| t.partitions.first()) else {
+                assert_ne!(r.error_code, 0, "OffsetFetch answered no partition: {r:?}");
+                return (-1, None, r.error_code);
+            };
             (
                 p.committed_offset,
                 p.metadata.as_ref().map(|m| m.to_string()),
