@@ -65,6 +65,7 @@ def test_metrics_count_produce_fetch_and_fsync(make_broker, monkeypatch):
     assert value(before, "kiln_topic_partitions", topic=TOPIC) == 2
     assert value(before, "kiln_under_replicated_partitions") == 0
     assert value(before, "kiln_leader_changes_total") == 0
+    assert value(before, "kiln_leader_lease_lapses_total") == 0
     _, fsyncs_before, _ = fsync_histogram(before)
 
     # One request per record: each is flushed (acked after its fsync) before the next is sent.
@@ -112,6 +113,8 @@ def test_metrics_count_produce_fetch_and_fsync(make_broker, monkeypatch):
     hw = [value(after, "kiln_log_high_watermark", topic=TOPIC, partition=i) for i in range(2)]
     assert hw == [total / 2, total / 2]
     assert value(after, "kiln_log_start_offset", topic=TOPIC, partition=0) == 0
+    # A broker of one is its own quorum: its lease never lapses.
+    assert value(after, "kiln_leader_lease_lapses_total") == 0
 
     # Fetch everything back with librdkafka.
     c = rdk_consumer(broker, **{"group.id": "metrics-reader", "enable.auto.commit": False})

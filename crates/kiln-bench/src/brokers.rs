@@ -214,6 +214,23 @@ impl Brokers {
             .join("\n")
     }
 
+    /// Lines of every broker's log that contain `needle`, read line by line (a bench run's
+    /// logs can be long; nothing but the count is kept).
+    pub(crate) fn count_log_lines(&self, needle: &str) -> usize {
+        use std::io::BufRead;
+        self.procs
+            .iter()
+            .filter_map(|p| File::open(&p.log_path).ok())
+            .map(|f| {
+                std::io::BufReader::new(f)
+                    .lines()
+                    .map_while(Result::ok)
+                    .filter(|l| l.contains(needle))
+                    .count()
+            })
+            .sum()
+    }
+
     pub(crate) fn kill_all(&mut self) {
         for p in &mut self.procs {
             let _ = p.child.kill();

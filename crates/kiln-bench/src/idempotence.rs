@@ -11,6 +11,9 @@ use clap::Args;
 use crate::brokers::Brokers;
 use crate::cluster::{self, ClusterArgs, RunFigures};
 
+/// What a broker logs when a leader's lease lapses (kiln-broker `cluster/replica.rs`).
+const LEASE_LAPSED: &str = "leader lease lapsed";
+
 #[derive(Args, Debug, Clone)]
 pub struct IdempotenceArgs {
     #[command(flatten)]
@@ -47,9 +50,12 @@ pub fn run(
                 let setup = format!("{brokers_n} broker(s), RF {rf}, idempotence {idempotence}");
                 let figures = cluster::measure(&mut brokers, &run, rf, &setup, runtime);
                 brokers.kill_all();
+                // A leader that lost its lease under load stopped serving for a while
+                // (kiln-raft lease.rs); there should be none.
+                let lapses = brokers.count_log_lines(LEASE_LAPSED);
                 let f = figures?;
                 println!(
-                    "idempotence  {setup:<40} round {}: {:>9.0} records/s, p50 {:.1} ms, p99 {:.1} ms",
+                    "idempotence  {setup:<40} round {}: {:>9.0} records/s, p50 {:.1} ms, p99 {:.1} ms, lease lapses {lapses}",
                     round + 1,
                     rate(&f),
                     f.latency_us.value_at_quantile(0.5) as f64 / 1000.0,

@@ -767,6 +767,16 @@ async fn a_broker_cut_off_from_its_peers_stops_serving_what_it_led() {
         .await;
     println!("cut-off leader fenced after {:?}", cut_at.elapsed());
     assert_eq!(produce(&mut to_leader, "cut", 0, 1).await.0, NOT_LEADER);
+    let cut_replica = |c: &Cluster| {
+        let cl = &c.by_id(leader).broker.cluster;
+        cl.partition(&cl.topic("cut").unwrap(), 0).unwrap()
+    };
+    // Counted (kiln_leader_lease_lapses_total) once its metrics show the lapse.
+    cluster
+        .until("the lapse to be counted", |c| {
+            (cut_replica(c).lease_lapses() == 1).then_some(())
+        })
+        .await;
     let next = cluster
         .until("a new leader", |c| {
             c.live()

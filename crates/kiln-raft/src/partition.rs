@@ -432,6 +432,11 @@ impl ReplicatedPartition {
         crate::lease::holds(&m, self.lease).then_some(m.current_term)
     }
 
+    /// How long it leads for clients after a quorum's last acknowledgement (`lease.rs`).
+    pub fn lease(&self) -> std::time::Duration {
+        self.lease
+    }
+
     /// Whether this replica leads for clients: Raft leader with its lease held (`lease.rs`).
     pub fn leads(&self) -> bool {
         crate::lease::holds(&self.raft.metrics().borrow(), self.lease)

@@ -22,6 +22,10 @@ pub struct Replica {
     pub node_id: i32,
     /// Times the leader this replica knows of changed to another broker (or to none).
     pub leader_changes: Arc<AtomicU64>,
+    /// Times this replica, leading, lost its lease within its term (kiln-raft `lease.rs`): no
+    /// quorum acknowledged it in time. Cut off, or its peers or disk too slow: each stops
+    /// it serving until a quorum answers again.
+    pub lease_lapses: Arc<AtomicU64>,
     /// When a peer last sent this replica a Raft request (ms on `clock`).
     last_heard_ms: AtomicU64,
     clock: std::time::Instant,
@@ -76,6 +80,10 @@ impl Replica {
     /// do not know; they report every member.
     pub fn leader_changes(&self) -> u64 {
         self.leader_changes.load(Ordering::Relaxed)
+    }
+
+    pub fn lease_lapses(&self) -> u64 {
+        self.lease_lapses.load(Ordering::Relaxed)
     }
 
     pub fn in_sync(&self) -> Vec<i32> {
@@ -172,10 +180,13 @@ pub async fn open(p: OpenParams) -> Result<Arc<Replica>, PartitionError> {
         }
     }
     let leader_changes = Arc::new(AtomicU64::new(0));
+    let lease_lapses = Arc::new(AtomicU64::new(0));
     tokio::spawn(count_leader_changes(
         p.group.clone(),
         partition.raft().metrics(),
+        partition.lease(),
         leader_changes.clone(),
+        lease_lapses.clone(),
     ));
     tracing::info!(group = %p.group, entries = recovery.entries(), members = ?p.members, "replica open");
     Ok(Arc::new(Replica {
@@ -185,24 +196,49 @@ pub async fn open(p: OpenParams) -> Result<Arc<Replica>, PartitionError> {
         dir: p.dir,
         node_id: p.node_id,
         leader_changes,
+        lease_lapses,
         last_heard_ms: AtomicU64::new(0),
         clock: std::time::Instant::now(),
         silence: p.silence,
     }))
 }
 
-/// Counts changes of the known leader until the Raft node stops.
+/// Counts changes of the known leader, and lapses of this replica's lease while it leads,
+/// until the Raft node stops.
 async fn count_leader_changes(
     group: String,
     mut metrics: tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, openraft::EmptyNode>>,
+    lease: std::time::Duration,
     changes: Arc<AtomicU64>,
+    lapses: Arc<AtomicU64>,
 ) {
     let mut last = metrics.borrow().current_leader;
+    // (term, whether the lease held) while this replica is Raft leader.
+    let mut held: Option<(u64, bool)> = None;
     while metrics.changed().await.is_ok() {
-        let (now, term) = {
+        let (now, term, leading, holds, since_ack) = {
             let m = metrics.borrow_and_update();
-            (m.current_leader, m.current_term)
+            let leading = m.state == openraft::ServerState::Leader;
+            let holds = kiln_raft::lease::holds(&m, lease);
+            (
+                m.current_leader,
+                m.current_term,
+                leading,
+                holds,
+                m.millis_since_quorum_ack,
+            )
         };
+        match (held, leading) {
+            (Some((t, true)), true) if t == term && !holds => {
+                lapses.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%group, term, since_quorum_ack_ms = ?since_ack, lease_ms = lease.as_millis(), "leader lease lapsed: not serving until a quorum acknowledges this leader again");
+            }
+            (Some((t, false)), true) if t == term && holds => {
+                tracing::info!(%group, term, "leader lease held again");
+            }
+            _ => {}
+        }
+        held = leading.then_some((term, holds));
         if now != last {
             if last.is_some() {
                 changes.fetch_add(1, Ordering::Relaxed);

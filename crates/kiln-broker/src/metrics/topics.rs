@@ -146,6 +146,13 @@ pub(super) fn render(out: &mut Exposition, cluster: &Cluster) {
         "Leader changes seen by this broker's replicas (partitions, the metadata and the offsets groups) since it started.",
         changes,
     );
+    let lapses: u64 = cluster.replicas().iter().map(|r| r.lease_lapses()).sum();
+    out.single(
+        "kiln_leader_lease_lapses_total",
+        Kind::Counter,
+        "Times a replica of this broker, leading, lost its lease in its term: no quorum acknowledged it within the lease, so it stopped serving clients until one did.",
+        lapses,
+    );
     out.single(
         "kiln_controller",
         Kind::Gauge,
