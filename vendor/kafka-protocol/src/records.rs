@@ -514,12 +514,11 @@ impl RecordBatchDecoder {
         version: i8,
         records: &mut Vec<Record>,
     ) -> Result<()> {
-        // Kiln patch: record_count comes from the wire; bound the reservation by the bytes left.
-        records.reserve(
-            (batch_decode_info.record_count.max(0) as usize)
-                .min(buf.remaining())
-                .min(crate::protocol::types::PREALLOC_MAX),
-        );
+        // Kiln patch: record_count comes from the wire; bound the reservation (prealloc_capacity).
+        records.reserve(crate::protocol::types::prealloc_capacity(
+            batch_decode_info.record_count.max(0) as usize,
+            buf.remaining(),
+        ));
         for _ in 0..batch_decode_info.record_count {
             records.push(Record::decode_new(buf, batch_decode_info, version)?);
         }
@@ -898,12 +897,11 @@ impl Record {
         }
         let num_headers = num_headers as usize;
 
-        // Kiln patch: num_headers comes from the wire; bound the reservation by the bytes left.
-        let mut headers = IndexMap::with_capacity(
-            num_headers
-                .min(bytes::Buf::remaining(buf))
-                .min(crate::protocol::types::PREALLOC_MAX),
-        );
+        // Kiln patch: num_headers comes from the wire; bound the reservation (prealloc_capacity).
+        let mut headers = IndexMap::with_capacity(crate::protocol::types::prealloc_capacity(
+            num_headers,
+            bytes::Buf::remaining(buf),
+        ));
         for _ in 0..num_headers {
             // Key len
             let key_len: i32 = types::VarInt.decode(buf)?;

@@ -14,6 +14,27 @@ use std::string::String as StdString;
 /// (upstream's later releases cap it the same way); more are allocated as they really arrive.
 pub(crate) const PREALLOC_MAX: usize = 1024;
 
+/// Kiln patch: the capacity to reserve for `len` elements, `len` read off the wire with
+/// `remaining` bytes left in the buffer: each element takes at least one byte, so never more
+/// than `remaining`, and never more than [`PREALLOC_MAX`]. The collection grows past it as the
+/// elements really decode, so a legitimately large one still decodes.
+pub(crate) fn prealloc_capacity(len: usize, remaining: usize) -> usize {
+    len.min(remaining).min(PREALLOC_MAX)
+}
+
+/// Kiln patch: a byte or string length read off the wire is allocated in full, so check that
+/// the buffer really holds that many bytes first (the same error `try_copy_to_slice` returns).
+fn ensure_remaining<B: ByteBuf>(buf: &B, len: usize) -> Result<()> {
+    if buf.remaining() < len {
+        return Err(bytes::TryGetError {
+            requested: len,
+            available: buf.remaining(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
 macro_rules! define_copy_impl {
     ($e:ident, $t:ty) => (
         impl Encoder<$t> for $e {
@@ -363,6 +384,7 @@ impl Decoder<Option<StdString>> for String {
         match Int16.decode(buf)? {
             -1 => Ok(None),
             n if n >= 0 => {
+                ensure_remaining(buf, n as usize)?;
                 let mut strbuf = vec![0; n as usize];
                 buf.try_copy_to_slice(&mut strbuf)?;
                 Ok(Some(std::string::String::from_utf8(strbuf)?))
@@ -515,6 +537,7 @@ impl Decoder<Option<StdString>> for CompactString {
         match UnsignedVarInt.decode(buf)? {
             0 => Ok(None),
             n => {
+                ensure_remaining(buf, (n - 1) as usize)?;
                 let mut strbuf = vec![0; (n - 1) as usize];
                 buf.try_copy_to_slice(&mut strbuf)?;
                 Ok(Some(std::string::String::from_utf8(strbuf)?))
@@ -659,6 +682,7 @@ impl Decoder<Option<Vec<u8>>> for Bytes {
         match Int32.decode(buf)? {
             -1 => Ok(None),
             n if n >= 0 => {
+                ensure_remaining(buf, n as usize)?;
                 let mut data = vec![0; n as usize];
                 buf.try_copy_to_slice(&mut data)?;
                 Ok(Some(data))
@@ -808,6 +832,7 @@ impl Decoder<Option<Vec<u8>>> for CompactBytes {
         match UnsignedVarInt.decode(buf)? {
             0 => Ok(None),
             n => {
+                ensure_remaining(buf, (n - 1) as usize)?;
                 let mut data = vec![0; (n - 1) as usize];
                 buf.try_copy_to_slice(&mut data)?;
                 Ok(Some(data))
@@ -992,8 +1017,7 @@ impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for Array<E> {
                 // Kiln patch: the length comes from the wire; never reserve more than the
                 // bytes that remain could hold, or a tiny frame could abort the process, nor
                 // more than PREALLOC_MAX elements (a large frame times the element size).
-                let mut result =
-                    Vec::with_capacity((n as usize).min(buf.remaining()).min(PREALLOC_MAX));
+                let mut result = Vec::with_capacity(prealloc_capacity(n as usize, buf.remaining()));
                 for _ in 0..n {
                     result.push(self.0.decode(buf)?);
                 }
@@ -1102,9 +1126,8 @@ impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for CompactArray<E> {
             0 => Ok(None),
             n => {
                 // Kiln patch: see Array::decode.
-                let mut result = Vec::with_capacity(
-                    ((n - 1) as usize).min(buf.remaining()).min(PREALLOC_MAX),
-                );
+                let mut result =
+                    Vec::with_capacity(prealloc_capacity((n - 1) as usize, buf.remaining()));
                 for _ in 1..n {
                     result.push(self.0.decode(buf)?);
                 }
@@ -1205,5 +1228,95 @@ mod tests {
     fn smoke_compact_bytes_encoder_decoder() {
         test_encoder_decoder(CompactBytes, vec![1, 2, 3, 4], &[5, 1, 2, 3, 4]);
         test_encoder_decoder(CompactBytes, None::<Vec<u8>>, &[0]);
+    }
+
+    // Kiln patch: tests of the bounded reservations.
+
+    /// 64 KiB in memory but one byte on the wire: reserving a claimed count of two or four
+    /// billion of these up front asks for 128 or 256 TiB, more than the address space, which
+    /// aborts the process rather than panicking.
+    struct Wide([u8; 1 << 16]);
+
+    struct WideDecoder;
+
+    impl Decoder<Wide> for WideDecoder {
+        fn decode<B: ByteBuf>(&self, buf: &mut B) -> Result<Wide> {
+            let byte: i8 = Int8.decode(buf)?;
+            Ok(Wide([byte as u8; 1 << 16]))
+        }
+    }
+
+    fn compact_len(n: u32) -> Vec<u8> {
+        let mut buf = vec![];
+        UnsignedVarInt.encode(&mut buf, n).unwrap();
+        buf
+    }
+
+    #[test]
+    fn prealloc_capacity_is_bounded() {
+        assert_eq!(prealloc_capacity(100_000_000, 3), 3);
+        assert_eq!(prealloc_capacity(100_000_000, 1 << 20), PREALLOC_MAX);
+        assert_eq!(prealloc_capacity(5_000, 1 << 20), PREALLOC_MAX);
+        assert_eq!(prealloc_capacity(10, 1 << 20), 10);
+        assert_eq!(prealloc_capacity(0, 0), 0);
+        assert_eq!(PREALLOC_MAX, 1024);
+    }
+
+    #[test]
+    fn huge_claimed_counts_fail_to_decode_without_reserving_them() {
+        // Arrays claiming 100,000,000 elements with three in the frame.
+        let mut frame = 100_000_000i32.to_be_bytes().to_vec();
+        frame.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3]);
+        assert!(Decoder::<Vec<i32>>::decode(&Array(Int32), &mut frame.as_slice()).is_err());
+        let mut frame = compact_len(100_000_001);
+        frame.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3]);
+        assert!(Decoder::<Vec<i32>>::decode(&CompactArray(Int32), &mut frame.as_slice()).is_err());
+
+        // The same with elements so wide that reserving the claimed count would abort.
+        let mut frame = i32::MAX.to_be_bytes().to_vec();
+        frame.extend_from_slice(&[1, 2, 3]);
+        assert!(Decoder::<Vec<Wide>>::decode(&Array(WideDecoder), &mut frame.as_slice()).is_err());
+        let mut frame = compact_len(u32::MAX);
+        frame.extend_from_slice(&[1, 2, 3]);
+        let decoded =
+            Decoder::<Vec<Wide>>::decode(&CompactArray(WideDecoder), &mut frame.as_slice());
+        assert!(decoded.is_err());
+
+        // Byte strings and strings claiming gigabytes fail before allocating them, with the
+        // error a short read gives.
+        let short_read = |result: Result<()>| {
+            let err = result.unwrap_err();
+            let err = err.downcast_ref::<bytes::TryGetError>().unwrap();
+            assert_eq!(err.available, 3);
+        };
+        let mut frame = i32::MAX.to_be_bytes().to_vec();
+        frame.extend_from_slice(&[1, 2, 3]);
+        short_read(Decoder::<Vec<u8>>::decode(&Bytes, &mut frame.as_slice()).map(drop));
+        let mut frame = compact_len(u32::MAX);
+        frame.extend_from_slice(&[1, 2, 3]);
+        short_read(Decoder::<Vec<u8>>::decode(&CompactBytes, &mut frame.as_slice()).map(drop));
+        short_read(Decoder::<StdString>::decode(&CompactString, &mut frame.as_slice()).map(drop));
+        let mut frame = i16::MAX.to_be_bytes().to_vec();
+        frame.extend_from_slice(b"abc");
+        short_read(Decoder::<StdString>::decode(&String, &mut frame.as_slice()).map(drop));
+    }
+
+    #[test]
+    fn arrays_longer_than_the_reservation_still_decode() {
+        let values: Vec<i32> = (0..5_000).collect();
+        let mut frame = 5_000i32.to_be_bytes().to_vec();
+        let mut compact_frame = compact_len(5_001);
+        for v in &values {
+            frame.extend_from_slice(&v.to_be_bytes());
+            compact_frame.extend_from_slice(&v.to_be_bytes());
+        }
+        test_encoder_decoder(Array(Int32), values.clone(), &frame);
+        test_encoder_decoder(CompactArray(Int32), values.clone(), &compact_frame);
+
+        let strings: Vec<StdString> = (0..5_000).map(|i| format!("s{i}")).collect();
+        let mut buf = vec![];
+        Array(String).encode(&mut buf, &strings).unwrap();
+        let decoded: Vec<StdString> = Array(String).decode(&mut buf.as_slice()).unwrap();
+        assert_eq!(decoded, strings);
     }
 }
