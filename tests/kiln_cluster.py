@@ -119,11 +119,14 @@ class Cluster:
     """CLUSTER_SIZE brokers with node ids 1..N; `nodes[id]` is a kiln_testlib.Broker."""
 
     def __init__(self, root: Path, size: int = CLUSTER_SIZE, settings: dict | None = None,
-                 cluster_settings: dict | None = None, metrics: bool = False):
+                 cluster_settings: dict | None = None, metrics: bool = False,
+                 extra_config=None):
         """`settings`: extra top-level broker settings (TOML scalars) for every node;
         `cluster_settings`: extra or overriding keys of the [cluster] section; `metrics`:
         each node serves GET /metrics on its own free loopback port (`metrics_port`,
-        `scrape`) instead of none."""
+        `scrape`) instead of none; `extra_config(node_id)`: TOML text appended to that node's
+        file (whole tables, such as `[cluster.tls]`)."""
+        self.extra_config = extra_config
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.size = size
@@ -179,6 +182,8 @@ class Cluster:
             lines += ["", "[[cluster.peers]]", f"id = {i}",
                       f"kafka = {toml(f'127.0.0.1:{self.kafka_port[i]}')}",
                       f"raft = {toml(f'127.0.0.1:{self.raft_port[i]}')}"]
+        if self.extra_config is not None:
+            lines += ["", self.extra_config(node_id)]
         return "\n".join(lines) + "\n"
 
     # ------------------------------------------------------------------ processes

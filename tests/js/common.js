@@ -25,12 +25,24 @@ function logCreator() {
   };
 }
 
+// KILN_TEST_TLS='{"ca": FILE, "cert": FILE, "key": FILE}' makes the client connect over TLS
+// with that CA and client certificate (tests/test_tls.py).
+function tlsOptions() {
+  const spec = process.env.KILN_TEST_TLS;
+  if (!spec) return undefined;
+  const fs = require('fs');
+  const { ca, cert, key } = JSON.parse(spec);
+  return { ca: [fs.readFileSync(ca, 'utf8')], cert: fs.readFileSync(cert, 'utf8'), key: fs.readFileSync(key, 'utf8') };
+}
+
 function client(bootstrap, clientId) {
+  const ssl = tlsOptions();
   return new Kafka({
     clientId,
     brokers: bootstrap.split(','),
     logLevel: logLevel.INFO,
     logCreator,
+    ...(ssl ? { ssl } : {}),
   });
 }
 

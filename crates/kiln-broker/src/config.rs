@@ -63,6 +63,65 @@ pub struct BrokerConfig {
     /// it is a cluster of one: every partition is a Raft group with a single replica, on the
     /// same path.
     pub cluster: Option<ClusterSettings>,
+    /// `[tls]`: the Kafka listener takes TLS only (docs/security.md); absent, plain TCP.
+    pub tls: Option<ListenerTlsSettings>,
+}
+
+/// `[tls]`: the Kafka listener's certificate, and whether clients must present one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerTlsSettings {
+    /// PEM certificate chain, leaf first, naming the advertised host.
+    pub cert_file: PathBuf,
+    /// Its PEM private key.
+    pub key_file: PathBuf,
+    /// PEM CA bundle that signs client certificates. Set, clients must present a certificate
+    /// it signed (mutual TLS) unless `client_auth` says otherwise; a client's principal is then
+    /// its certificate's subject (`User:CN=...`).
+    #[serde(default)]
+    pub client_ca_file: Option<PathBuf>,
+    /// "none", "requested" or "required"; default "required" with a `client_ca_file`, else
+    /// "none".
+    #[serde(default)]
+    pub client_auth: Option<String>,
+}
+
+impl ListenerTlsSettings {
+    /// The files and client-certificate policy, or why they do not fit together.
+    pub fn files(&self) -> Result<kiln_tls::ServerTlsFiles, String> {
+        use kiln_tls::ClientAuth;
+        let client_auth = match (self.client_auth.as_deref(), &self.client_ca_file) {
+            (None, Some(_)) | (Some("required"), Some(_)) => ClientAuth::Required,
+            (Some("requested"), Some(_)) => ClientAuth::Requested,
+            (None, None) | (Some("none"), _) => ClientAuth::None,
+            (Some("required" | "requested"), None) => return Err(
+                "tls.client_auth asks for client certificates but tls.client_ca_file is not set"
+                    .into(),
+            ),
+            (Some(other), _) => {
+                return Err(format!(
+                    "tls.client_auth must be \"none\", \"requested\" or \"required\", got {other:?}"
+                ))
+            }
+        };
+        Ok(kiln_tls::ServerTlsFiles {
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+            client_ca_file: self.client_ca_file.clone(),
+            client_auth,
+        })
+    }
+}
+
+/// `[cluster.tls]`: mutual TLS between brokers with the cluster CA (docs/security.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerTlsSettings {
+    /// PEM bundle of the cluster CA: peers' certificates must be signed by it.
+    pub ca_file: PathBuf,
+    /// This broker's PEM certificate; it must carry the DNS name `kiln-node-<node_id>`.
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
 }
 
 /// `[cluster]`: who the peers are and how Raft is timed.
@@ -96,6 +155,11 @@ pub struct ClusterSettings {
     /// (`kiln_raft::net::LinkCuts`) while its Kafka listener stays up.
     #[serde(skip)]
     pub link_cuts: Option<std::sync::Arc<kiln_raft::net::LinkCuts>>,
+    /// Mutual TLS between brokers; absent, the Raft listener takes plain TCP from anyone.
+    pub tls: Option<PeerTlsSettings>,
+    /// Raft connections one peer may hold open at once (about one per partition the two
+    /// brokers share); more are refused and logged.
+    pub raft_connections_per_peer_max: usize,
 }
 
 /// One `[[cluster.peers]]` entry.
@@ -121,6 +185,8 @@ impl Default for ClusterSettings {
             rpc_timeout_ms: 2_000,
             max_entry_bytes: kiln_raft::partition::ENTRY_BYTES_MAX,
             link_cuts: None,
+            tls: None,
+            raft_connections_per_peer_max: kiln_raft::net::CONNECTIONS_PER_PEER_MAX,
         }
     }
 }
@@ -177,7 +243,27 @@ impl ClusterSettings {
         if self.max_entry_bytes < 1024 {
             return Err("cluster.max_entry_bytes must be at least 1024".into());
         }
+        if self.raft_connections_per_peer_max == 0 {
+            return Err("cluster.raft_connections_per_peer_max must be at least 1".into());
+        }
         Ok(())
+    }
+
+    /// The Raft transport these settings ask for, its files read and checked (node
+    /// `node_id`'s certificate must name it).
+    pub fn transport(&self, node_id: i32) -> Result<kiln_raft::net::Transport, String> {
+        let Some(tls) = &self.tls else {
+            return Ok(kiln_raft::net::Transport::Plain);
+        };
+        let node = u64::try_from(node_id).map_err(|_| format!("node id {node_id} is negative"))?;
+        let files = kiln_tls::PeerTlsFiles {
+            ca_file: tls.ca_file.clone(),
+            cert_file: tls.cert_file.clone(),
+            key_file: tls.key_file.clone(),
+        };
+        kiln_tls::PeerTls::load(files, node)
+            .map(|tls| kiln_raft::net::Transport::MutualTls(std::sync::Arc::new(tls)))
+            .map_err(|e| format!("[cluster.tls]: {e}"))
     }
 }
 
@@ -227,6 +313,7 @@ impl Default for BrokerConfig {
             group_retention_warn_fraction: 0.8,
             group_retention_warn_repeat_ms: 300_000,
             cluster: None,
+            tls: None,
         }
     }
 }
@@ -290,6 +377,9 @@ impl BrokerConfig {
             return Err(
                 "max_connections and max_in_flight_per_connection must be at least 1".into(),
             );
+        }
+        if let Some(tls) = &self.tls {
+            tls.files()?;
         }
         if self.log.segment_bytes < crate::topic_config::SEGMENT_BYTES_MIN {
             return Err(format!(
@@ -416,6 +506,7 @@ pub fn split_host_port(address: &str) -> Result<(String, i32), String> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     fn one_peer() -> ClusterSettings {
@@ -427,6 +518,52 @@ mod tests {
             }],
             ..ClusterSettings::default()
         }
+    }
+
+    #[test]
+    fn listener_tls_client_auth_follows_the_client_ca() {
+        use kiln_tls::ClientAuth;
+        let mut tls = ListenerTlsSettings {
+            cert_file: "b.crt".into(),
+            key_file: "b.key".into(),
+            client_ca_file: None,
+            client_auth: None,
+        };
+        assert_eq!(tls.files().map(|f| f.client_auth), Ok(ClientAuth::None));
+        tls.client_auth = Some("required".into());
+        let err = tls.files().unwrap_err();
+        assert!(err.contains("client_ca_file is not set"), "{err}");
+        tls.client_ca_file = Some("ca.crt".into());
+        tls.client_auth = None;
+        assert_eq!(tls.files().map(|f| f.client_auth), Ok(ClientAuth::Required));
+        tls.client_auth = Some("requested".into());
+        assert_eq!(
+            tls.files().map(|f| f.client_auth),
+            Ok(ClientAuth::Requested)
+        );
+        tls.client_auth = Some("sometimes".into());
+        let err = tls.files().unwrap_err();
+        assert!(err.contains("\"sometimes\""), "{err}");
+        let config = BrokerConfig {
+            tls: Some(tls),
+            ..BrokerConfig::default()
+        };
+        assert!(config.validate().is_err());
+    }
+
+    #[test]
+    fn a_missing_cluster_certificate_is_named() {
+        let mut settings = one_peer();
+        settings.tls = Some(PeerTlsSettings {
+            ca_file: "/nonexistent/ca.crt".into(),
+            cert_file: "/nonexistent/node-1.crt".into(),
+            key_file: "/nonexistent/node-1.key".into(),
+        });
+        let err = settings.transport(1).err().unwrap();
+        assert!(
+            err.contains("[cluster.tls]") && err.contains("node-1.crt"),
+            "{err}"
+        );
     }
 
     #[test]

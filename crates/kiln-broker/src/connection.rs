@@ -13,8 +13,7 @@ use bytes::Bytes;
 use kafka_protocol::messages::{ApiKey, ResponseKind};
 use kafka_protocol::ResponseError;
 use kiln_wire::{decode_request, encode_response, read_frame, WireError};
-use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::handlers::{self, Reply};
@@ -32,11 +31,13 @@ enum Outcome {
 /// A response slot, filled when its request finishes.
 type Slot = oneshot::Receiver<Outcome>;
 
-pub async fn serve(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
-    if let Err(e) = stream.set_nodelay(true) {
-        tracing::debug!(%peer, error = %e, "set_nodelay failed");
-    }
-    let (read_half, write_half) = stream.into_split();
+/// Serves one client over the two halves of its stream: a TCP stream's own halves (no lock
+/// between them), or `tokio::io::split` of a TLS stream whose handshake is done.
+pub async fn serve<R, W>(broker: Arc<Broker>, read_half: R, write_half: W, peer: SocketAddr)
+where
+    R: AsyncRead + Send + Unpin + 'static,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
     let (slots_tx, slots_rx) = mpsc::channel::<Slot>(broker.config.max_in_flight_per_connection);
     let writer = tokio::spawn(write_responses(write_half, slots_rx, peer));
     let mut reader = BufReader::with_capacity(64 * 1024, read_half);
@@ -132,8 +133,8 @@ async fn send_ready(slots: &mpsc::Sender<Slot>, outcome: Outcome) -> bool {
     slots.send(rx).await.is_ok()
 }
 
-async fn write_responses(
-    write_half: tokio::net::tcp::OwnedWriteHalf,
+async fn write_responses<W: AsyncWrite + Send + Unpin + 'static>(
+    write_half: W,
     mut slots: mpsc::Receiver<Slot>,
     peer: SocketAddr,
 ) {

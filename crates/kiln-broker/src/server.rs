@@ -25,6 +25,10 @@ pub struct Broker {
     pub advertised_port: i32,
     /// The topics, the controller and the Raft groups (a cluster of one without `[cluster]`).
     pub cluster: Arc<Cluster>,
+    /// The Kafka listener's TLS settings, when `[tls]` is set.
+    pub tls: Option<Arc<kiln_tls::ServerTls>>,
+    /// How Raft traffic travels (mutual TLS with `[cluster.tls]`).
+    pub raft_transport: kiln_raft::net::Transport,
     _lock: DataDirLock,
 }
 
@@ -61,6 +65,16 @@ impl Broker {
             identity.cluster_id = Some(id);
             identity::save(&config.data_dir, &identity)?;
         }
+        let tls = match &config.tls {
+            None => None,
+            Some(settings) => {
+                let files = settings
+                    .files()
+                    .map_err(anyhow::Error::msg)
+                    .context("[tls]")?;
+                Some(Arc::new(kiln_tls::ServerTls::load(files).context("[tls]")?))
+            }
+        };
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
@@ -73,6 +87,9 @@ impl Broker {
         let (advertised_host, advertised_port) =
             split_host_port(&advertised).map_err(anyhow::Error::msg)?;
         let mut settings = config.cluster_settings();
+        let raft_transport = settings
+            .transport(config.node_id)
+            .map_err(anyhow::Error::msg)?;
         let raft_listener = match &config.cluster {
             None => {
                 for peer in &mut settings.peers {
@@ -84,6 +101,7 @@ impl Broker {
                 crate::cluster::join::bind_raft_listener(
                     c.raft_listen,
                     &settings,
+                    &raft_transport,
                     config.node_id,
                     fresh.then_some(identity.incarnation),
                 )
@@ -101,6 +119,7 @@ impl Broker {
             node_id: config.node_id,
             settings,
             raft_listener,
+            raft_transport: raft_transport.clone(),
             data_dir: config.data_dir.clone(),
             log_defaults: config.log.clone(),
             default_max_batch_bytes: config.max_batch_bytes,
@@ -143,6 +162,8 @@ impl Broker {
             advertised_host,
             advertised_port,
             cluster,
+            tls,
+            raft_transport,
             _lock: lock,
         });
         Ok(BoundBroker {
@@ -235,6 +256,8 @@ impl BoundBroker {
             node_id = broker.config.node_id,
             cluster_id = ?broker.cluster_id(),
             data_dir = %broker.config.data_dir.display(),
+            tls = broker.tls.is_some(),
+            raft_tls = broker.raft_transport.is_authenticated(),
             "listening on {}",
             listener.local_addr()?
         );
@@ -258,6 +281,7 @@ impl BoundBroker {
         ));
         let metrics_task =
             metrics_listener.map(|l| tokio::spawn(metrics::serve(l, broker.clone())));
+        let reload_task = tokio::spawn(reload_tls_on_sighup(broker.clone()));
         if broker.config.cluster.is_none() {
             wait_until_ready_alone(&broker).await;
         }
@@ -274,9 +298,23 @@ impl BoundBroker {
             };
             match accepted {
                 Ok((stream, peer)) => {
+                    if let Err(e) = stream.set_nodelay(true) {
+                        tracing::debug!(%peer, error = %e, "set_nodelay failed");
+                    }
                     let broker = broker.clone();
                     tokio::spawn(async move {
-                        connection::serve(broker, stream, peer).await;
+                        match broker.tls.as_ref().map(|tls| tls.acceptor()) {
+                            None => {
+                                let (read, write) = stream.into_split();
+                                connection::serve(broker, read, write, peer).await
+                            }
+                            Some(acceptor) => {
+                                if let Some(tls) = handshake(acceptor, stream, peer).await {
+                                    let (read, write) = tokio::io::split(tls);
+                                    connection::serve(broker, read, write, peer).await;
+                                }
+                            }
+                        }
                         drop(permit);
                     });
                 }
@@ -295,7 +333,85 @@ impl BoundBroker {
             t.abort();
         }
         coordinator_task.abort();
+        reload_task.abort();
         broker.cluster.shutdown().await;
         Ok(())
+    }
+}
+
+/// Longest a client's TLS handshake may take; its connection slot is held meanwhile.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Finishes a client's TLS handshake; `None` (logged) when it fails or takes too long.
+async fn handshake(
+    acceptor: kiln_tls::TlsAcceptor,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+) -> Option<kiln_tls::ServerStream<tokio::net::TcpStream>> {
+    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => {
+            let principal = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .map(kiln_tls::principal_of);
+            match principal {
+                Some(Ok(principal)) => tracing::debug!(%peer, %principal, "TLS client connected"),
+                Some(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS client's subject unreadable")
+                }
+                None => tracing::debug!(%peer, "TLS client connected without a certificate"),
+            }
+            Some(tls)
+        }
+        // Closed before a ClientHello: a port check (load balancer, monitoring), not a client.
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            tracing::debug!(%peer, error = %e, "connection closed before its TLS handshake");
+            None
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(%peer, error = %e, "refused a client: TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(%peer, timeout = ?TLS_HANDSHAKE_TIMEOUT, "refused a client: TLS handshake timed out");
+            None
+        }
+    }
+}
+
+/// On every SIGHUP, reads the Kafka listener's and the Raft transport's certificate files
+/// again; new handshakes use them, open connections stay. A file that fails to load leaves
+/// the old settings serving, and the error names it.
+async fn reload_tls_on_sighup(broker: Arc<Broker>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP; certificates are read at start only");
+            return;
+        }
+    };
+    while hup.recv().await.is_some() {
+        if let Some(tls) = &broker.tls {
+            match tls.reload() {
+                Ok(()) => tracing::info!("SIGHUP: reloaded the Kafka listener's TLS certificate"),
+                Err(e) => {
+                    tracing::error!(error = %e, "SIGHUP: keeping the Kafka listener's old TLS settings")
+                }
+            }
+        }
+        if let kiln_raft::net::Transport::MutualTls(tls) = &broker.raft_transport {
+            match tls.reload() {
+                Ok(()) => tracing::info!("SIGHUP: reloaded the Raft transport's TLS certificates"),
+                Err(e) => {
+                    tracing::error!(error = %e, "SIGHUP: keeping the Raft transport's old TLS settings")
+                }
+            }
+        }
+        if broker.tls.is_none() && !broker.raft_transport.is_authenticated() {
+            tracing::info!("SIGHUP: no TLS settings to reload");
+        }
     }
 }

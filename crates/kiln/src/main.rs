@@ -3,6 +3,7 @@
 mod agent_cmd;
 mod broker_address;
 mod broker_cmd;
+mod certs_cmd;
 mod dashboard_cmd;
 mod deadletter_cmd;
 mod demo_cmd;
@@ -67,6 +68,8 @@ enum Command {
     Probe(probe_cmd::ProbeArgs),
     /// Serve a simulated fleet on loopback (SSH + Redfish per node, injected faults).
     Sim(sim_cmd::SimArgs),
+    /// Make a cluster CA and issue broker and client certificates for TLS.
+    Certs(certs_cmd::CertsArgs),
 }
 
 fn main() -> ExitCode {
@@ -83,6 +86,7 @@ fn main() -> ExitCode {
     if let Command::Probe(args) = &cli.command {
         return probe_cmd::run(args);
     }
+
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -109,6 +113,7 @@ fn main() -> ExitCode {
             Command::Status(args) => status_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Dashboard(args) => dashboard_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Sim(args) => sim_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Certs(args) => certs_cmd::run(args).map(|()| ExitCode::SUCCESS),
             // Its exit status tells pass, fail and could-not-measure apart.
             Command::Playbook(args) => playbook_cmd::run(args).await,
             Command::Probe(_) => unreachable_probe().map(|()| ExitCode::SUCCESS),

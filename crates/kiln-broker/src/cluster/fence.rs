@@ -80,7 +80,7 @@ pub(super) async fn fence_self(cluster: Arc<Cluster>) {
                 let controller = cluster.controller();
                 if let Some(peer) = cluster.settings.peers.iter().find(|p| p.id == controller) {
                     if let Err(e) = kiln_raft::net::forward(
-                        &peer.raft,
+                        cluster.peer_ref(peer),
                         METADATA_GROUP,
                         payload.clone(),
                         FENCE_FORWARD_WAIT,

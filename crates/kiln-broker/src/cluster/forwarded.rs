@@ -60,7 +60,7 @@ impl Cluster {
             "forwarding a topic change to the controller"
         );
         kiln_raft::net::forward(
-            &peer.raft,
+            self.peer_ref(peer),
             TOPIC_CHANGES_GROUP,
             Bytes::from(payload),
             FORWARD_WAIT,

@@ -57,6 +57,7 @@ impl kiln_raft::net::RaftGroups for Joining {
 pub async fn bind_raft_listener(
     addr: SocketAddr,
     settings: &ClusterSettings,
+    transport: &kiln_raft::net::Transport,
     node_id: i32,
     fresh: Option<u64>,
 ) -> anyhow::Result<TcpListener> {
@@ -66,8 +67,12 @@ pub async fn bind_raft_listener(
     if let Some(incarnation) = fresh {
         let answering = TcpListener::from_std(std_listener.try_clone()?)?;
         let me = u64::try_from(node_id).unwrap_or(0);
-        let task = tokio::spawn(kiln_raft::net::serve(answering, Arc::new(Joining(me))));
-        let checked = check_new_member(settings, node_id, incarnation).await;
+        let task = tokio::spawn(kiln_raft::net::serve_with(
+            answering,
+            Arc::new(Joining(me)),
+            super::serve_options(settings, transport),
+        ));
+        let checked = check_new_member(settings, transport, node_id, incarnation).await;
         task.abort();
         checked?;
     }
@@ -78,6 +83,7 @@ pub async fn bind_raft_listener(
 /// module docs), or refuses.
 async fn check_new_member(
     settings: &ClusterSettings,
+    transport: &kiln_raft::net::Transport,
     node_id: i32,
     incarnation: u64,
 ) -> anyhow::Result<()> {
@@ -93,7 +99,9 @@ async fn check_new_member(
     loop {
         let mut answered = Vec::new();
         for peer in &others {
-            match kiln_raft::net::hello(&peer.raft, hello, HELLO_TIMEOUT).await {
+            match kiln_raft::net::hello(super::peer_ref(transport, peer), hello, HELLO_TIMEOUT)
+                .await
+            {
                 Ok(HelloAnswer {
                     cluster_id: Some(cluster_id),
                     sender_incarnation: Some(registered),

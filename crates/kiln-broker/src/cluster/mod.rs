@@ -115,6 +115,8 @@ pub enum ClusterError {
 pub struct Cluster {
     pub node_id: i32,
     pub settings: ClusterSettings,
+    /// How Raft traffic travels (mutual TLS with `[cluster.tls]`).
+    pub raft_transport: kiln_raft::net::Transport,
     pub brokers: Vec<PeerBroker>,
     raft_peers: PeerAddrs,
     replicas_dir: PathBuf,
@@ -179,11 +181,55 @@ impl RaftGroups for Groups {
     }
 }
 
+/// How this broker's Raft listener authenticates and bounds its peers: the configured peers
+/// are the members a certificate may name.
+pub(crate) fn serve_options(
+    settings: &ClusterSettings,
+    transport: &kiln_raft::net::Transport,
+) -> kiln_raft::net::ServeOptions {
+    let members = settings
+        .peers
+        .iter()
+        .filter_map(|p| replica::node(p.id))
+        .collect();
+    kiln_raft::net::ServeOptions {
+        transport: transport.clone(),
+        members: Some(Arc::new(members)),
+        connections_per_peer_max: settings.raft_connections_per_peer_max,
+    }
+}
+
+/// Where a one-off request to `peer` goes.
+pub(crate) fn peer_ref<'a>(
+    transport: &'a kiln_raft::net::Transport,
+    peer: &'a crate::config::PeerSettings,
+) -> kiln_raft::net::PeerRef<'a> {
+    kiln_raft::net::PeerRef {
+        transport,
+        node: replica::node(peer.id).unwrap_or_else(|| {
+            unreachable!("peer ids were checked to be >= 0 at load, {} too", peer.id)
+        }),
+        addr: &peer.raft,
+    }
+}
+
+impl Cluster {
+    /// Where a one-off request to `peer` goes.
+    pub(crate) fn peer_ref<'a>(
+        &'a self,
+        peer: &'a crate::config::PeerSettings,
+    ) -> kiln_raft::net::PeerRef<'a> {
+        peer_ref(&self.raft_transport, peer)
+    }
+}
+
 pub struct StartParams {
     pub node_id: i32,
     pub settings: ClusterSettings,
     /// The bound Raft listener; `None` for a cluster of one (no peers to listen for).
     pub raft_listener: Option<TcpListener>,
+    /// How Raft traffic travels, both directions.
+    pub raft_transport: kiln_raft::net::Transport,
     pub data_dir: PathBuf,
     pub log_defaults: LogSettings,
     pub default_max_batch_bytes: usize,
@@ -250,6 +296,7 @@ impl Cluster {
                 kind,
                 table_snapshot_every: every,
                 link_cuts: settings.link_cuts.clone(),
+                transport: p.raft_transport.clone(),
             })
         };
         let metadata = open(
@@ -272,6 +319,7 @@ impl Cluster {
         .context("opening the consumer offsets replica")?;
         let cluster = Arc::new(Cluster {
             node_id: p.node_id,
+            raft_transport: p.raft_transport,
             settings,
             brokers,
             raft_peers,
@@ -304,9 +352,10 @@ impl Cluster {
                 cluster.clone(),
                 p.incarnation,
             )));
-            tasks.push(tokio::spawn(kiln_raft::net::serve(
+            tasks.push(tokio::spawn(kiln_raft::net::serve_with(
                 listener,
                 Arc::new(Groups(cluster.clone())),
+                serve_options(&cluster.settings, &cluster.raft_transport),
             )));
         }
         *cluster.tasks.lock().unwrap_or_else(|e| e.into_inner()) = tasks;
@@ -594,6 +643,7 @@ impl Cluster {
             kind: GroupKind::Data,
             table_snapshot_every: u64::MAX,
             link_cuts: self.settings.link_cuts.clone(),
+            transport: self.raft_transport.clone(),
         })
         .await;
         match opened {

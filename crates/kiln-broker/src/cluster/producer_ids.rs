@@ -64,9 +64,14 @@ impl Cluster {
                 .ok_or(ClusterError::NotController(controller))?;
             let payload = serde_json::to_vec(&command)
                 .map_err(|e| ClusterError::NotCommitted(e.to_string()))?;
-            kiln_raft::net::forward(&peer.raft, METADATA_GROUP, Bytes::from(payload), BLOCK_WAIT)
-                .await
-                .map_err(ClusterError::NotCommitted)?;
+            kiln_raft::net::forward(
+                self.peer_ref(peer),
+                METADATA_GROUP,
+                Bytes::from(payload),
+                BLOCK_WAIT,
+            )
+            .await
+            .map_err(ClusterError::NotCommitted)?;
         }
         let mut changes = self.metadata_table.subscribe();
         let me = self.node_id;

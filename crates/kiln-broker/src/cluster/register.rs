@@ -98,7 +98,9 @@ pub(super) async fn register_self(cluster: Arc<Cluster>, incarnation: u64) {
                 cluster.register(me, incarnation);
             } else {
                 for peer in cluster.settings.peers.iter().filter(|p| p.id != me) {
-                    if let Err(e) = kiln_raft::net::hello(&peer.raft, hello, HELLO_TIMEOUT).await {
+                    if let Err(e) =
+                        kiln_raft::net::hello(cluster.peer_ref(peer), hello, HELLO_TIMEOUT).await
+                    {
                         tracing::debug!(peer = peer.id, error = %e, "registration hello");
                     }
                 }

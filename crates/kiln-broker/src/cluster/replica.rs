@@ -130,6 +130,8 @@ pub struct OpenParams {
     pub table_snapshot_every: u64,
     /// The test hook that cuts Raft links (`ClusterSettings::link_cuts`).
     pub link_cuts: Option<Arc<kiln_raft::net::LinkCuts>>,
+    /// How this replica's RPCs travel.
+    pub transport: kiln_raft::net::Transport,
 }
 
 /// Opens (recovering) or creates a replica, initializes a brand-new group with `members`, and
@@ -137,7 +139,8 @@ pub struct OpenParams {
 /// leaders over the brokers when a topic is created.
 pub async fn open(p: OpenParams) -> Result<Arc<Replica>, PartitionError> {
     let id = node(p.node_id).ok_or_else(|| PartitionError::Stopped("negative node id".into()))?;
-    let mut network = TcpNetwork::new(p.group.clone(), p.peers, p.rpc_timeout);
+    let mut network =
+        TcpNetwork::new(p.group.clone(), p.peers, p.rpc_timeout).with_transport(p.transport);
     if let Some(cuts) = p.link_cuts {
         network = network.with_cuts(id, cuts);
     }

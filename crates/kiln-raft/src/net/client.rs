@@ -13,10 +13,10 @@ use openraft::raft::{
 };
 use openraft::{EmptyNode, RaftNetwork, RaftNetworkFactory};
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::codec::{self, CodecError, KindName, Message};
+use super::transport::{BoxStream, Transport};
 use super::{Hello, HelloAnswer, PeerAddrs};
 use crate::types::{KilnRaft, NodeId};
 
@@ -36,6 +36,7 @@ pub struct TcpNetwork {
     peers: PeerAddrs,
     rpc_timeout: Duration,
     connect_timeout: Duration,
+    transport: Transport,
     /// This node's id and the links a test has cut ([`LinkCuts`]), if any.
     cuts: Option<(NodeId, Arc<LinkCuts>)>,
 }
@@ -80,8 +81,15 @@ impl TcpNetwork {
             peers,
             rpc_timeout,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            transport: Transport::Plain,
             cuts: None,
         }
+    }
+
+    /// Carries this network's RPCs over `transport` (plain TCP unless set).
+    pub fn with_transport(mut self, transport: Transport) -> Self {
+        self.transport = transport;
+        self
     }
 
     /// Subjects this network (node `from`'s) to `cuts` (a test hook).
@@ -112,23 +120,25 @@ impl RaftNetworkFactory<KilnRaft> for TcpNetwork {
             addr: self.peers.get(&target).cloned(),
             rpc_timeout: self.rpc_timeout,
             connect_timeout: self.connect_timeout,
+            transport: self.transport.clone(),
             stream: None,
             cuts: self.cuts.clone(),
         }
     }
 }
 
-/// One group's link to one target: a TCP stream, connected on first use and again after any
-/// failure.
+/// One group's link to one target: a stream (TCP, or TLS over it), connected on first use and
+/// again after any failure.
 pub struct TcpLink {
     group: Arc<str>,
     target: NodeId,
     addr: Option<String>,
     rpc_timeout: Duration,
     connect_timeout: Duration,
+    transport: Transport,
     /// `None` until connected, and after any failure: a stream whose request or response may
     /// be half sent or half read is never reused.
-    stream: Option<TcpStream>,
+    stream: Option<BoxStream>,
     cuts: Option<(NodeId, Arc<LinkCuts>)>,
 }
 
@@ -182,7 +192,7 @@ impl TcpLink {
         }))
     }
 
-    async fn connect(&self, deadline: Instant) -> Result<TcpStream, CallError> {
+    async fn connect(&self, deadline: Instant) -> Result<BoxStream, CallError> {
         let Some(addr) = self.addr.as_deref() else {
             return Err(CallError::Unreachable(format!(
                 "no address for node {}",
@@ -192,20 +202,10 @@ impl TcpLink {
         let limit = self
             .connect_timeout
             .min(deadline.saturating_duration_since(Instant::now()));
-        let stream = match tokio::time::timeout(limit, TcpStream::connect(addr)).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(e)) => return Err(CallError::Unreachable(format!("connect to {addr}: {e}"))),
-            Err(_) => {
-                return Err(CallError::Unreachable(format!(
-                    "connect to {addr}: no answer in {limit:?}"
-                )))
-            }
-        };
-        // One small frame at a time, each awaited: Nagle's algorithm would only add latency.
-        stream
-            .set_nodelay(true)
-            .map_err(|e| CallError::Unreachable(format!("set TCP_NODELAY: {e}")))?;
-        Ok(stream)
+        self.transport
+            .connect(addr, self.target, limit)
+            .await
+            .map_err(CallError::Unreachable)
     }
 
     /// Sends `request` and returns the response, which is of kind `expect`.
@@ -347,18 +347,25 @@ impl RaftNetwork<KilnRaft> for TcpLink {
     }
 }
 
-/// Asks the Raft listener at `addr` to make `payload`, a proposal for `group`'s leader (see
-/// `codec.rs`, kind 10). `Ok` once that peer has made and applied it.
+/// Where a one-off request goes: node `node`'s Raft listener at `addr`, over `transport`.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerRef<'a> {
+    pub transport: &'a Transport,
+    pub node: NodeId,
+    pub addr: &'a str,
+}
+
+/// Asks `peer` to make `payload`, a proposal for `group`'s leader (see `codec.rs`, kind 10).
+/// `Ok` once that peer has made and applied it.
 pub async fn forward(
-    addr: &str,
+    peer: PeerRef<'_>,
     group: &str,
     payload: bytes::Bytes,
     timeout: Duration,
 ) -> Result<(), String> {
+    let addr = peer.addr;
     let exchange = async {
-        let mut stream = TcpStream::connect(addr)
-            .await
-            .map_err(|e| format!("connect {addr}: {e}"))?;
+        let mut stream = peer.transport.connect(addr, peer.node, timeout).await?;
         let frame = codec::encode(group, &Message::Forward(payload)).map_err(|e| e.to_string())?;
         stream
             .write_all(&frame)
@@ -376,13 +383,16 @@ pub async fn forward(
         .map_err(|_| format!("{addr} did not answer within {} ms", timeout.as_millis()))?
 }
 
-/// Asks the Raft listener at `addr` who it is, which cluster it belongs to, and which
-/// incarnation that cluster has registered for the sender.
-pub async fn hello(addr: &str, hello: Hello, timeout: Duration) -> Result<HelloAnswer, String> {
+/// Asks `peer` who it is, which cluster it belongs to, and which incarnation that cluster has
+/// registered for the sender.
+pub async fn hello(
+    peer: PeerRef<'_>,
+    hello: Hello,
+    timeout: Duration,
+) -> Result<HelloAnswer, String> {
+    let addr = peer.addr;
     let exchange = async {
-        let mut stream = TcpStream::connect(addr)
-            .await
-            .map_err(|e| format!("connect {addr}: {e}"))?;
+        let mut stream = peer.transport.connect(addr, peer.node, timeout).await?;
         let frame = codec::encode("", &Message::Hello(hello)).map_err(|e| e.to_string())?;
         stream
             .write_all(&frame)

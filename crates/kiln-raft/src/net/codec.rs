@@ -52,6 +52,42 @@ use crate::types::{Entry, KilnRaft, LogId, NodeId, Vote};
 /// above any legitimate frame; a length past it is a corrupt or foreign stream.
 pub const MAX_FRAME_BYTES: usize = 256 << 20;
 
+/// Largest body of every kind but AppendEntries, InstallSnapshot and Forward: those carry
+/// only ids, votes, log ids and short texts (a group name is at most 64 KiB). Checked on the
+/// kind byte before the rest of the body is read, so a peer cannot make a vote cost 256 MiB.
+pub const CONTROL_FRAME_BYTES: usize = 1 << 20;
+
+/// Longest reason an Error or Forward response carries; longer ones are cut at a character
+/// boundary (a reason is for a log line).
+const REASON_BYTES_MAX: usize = 4096;
+
+/// The largest body a frame of `kind` may have; `None` for a kind this protocol lacks.
+pub fn frame_bytes_max(kind: u8) -> Option<usize> {
+    match kind {
+        KIND_APPEND | KIND_SNAPSHOT | KIND_FORWARD => Some(MAX_FRAME_BYTES),
+        KIND_APPEND_RESPONSE
+        | KIND_VOTE
+        | KIND_VOTE_RESPONSE
+        | KIND_ERROR
+        | KIND_SNAPSHOT_RESPONSE
+        | KIND_HELLO
+        | KIND_HELLO_RESPONSE
+        | KIND_FORWARD_RESPONSE => Some(CONTROL_FRAME_BYTES),
+        _ => None,
+    }
+}
+
+fn reason_bytes(reason: &str) -> &[u8] {
+    if reason.len() <= REASON_BYTES_MAX {
+        return reason.as_bytes();
+    }
+    let mut end = REASON_BYTES_MAX;
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    &reason.as_bytes()[..end]
+}
+
 const HEADER: usize = 8;
 /// Kind byte and group-name length: the least a body holds.
 const MIN_BODY: usize = 3;
@@ -377,17 +413,17 @@ pub fn encode(group: &str, message: &Message) -> Result<Vec<u8>, CodecError> {
         Message::ForwardResponse(result) => {
             out.push(u8::from(result.is_ok()));
             if let Err(reason) = result {
-                out.extend_from_slice(reason.as_bytes());
+                out.extend_from_slice(reason_bytes(reason));
             }
         }
-        Message::Error(reason) => out.extend_from_slice(reason.as_bytes()),
+        Message::Error(reason) => out.extend_from_slice(reason_bytes(reason)),
     }
     let len = out.len() - HEADER;
-    if len > MAX_FRAME_BYTES {
-        return Err(CodecError::TooLarge {
-            len,
-            max: MAX_FRAME_BYTES,
-        });
+    let Some(max) = frame_bytes_max(message.kind()) else {
+        unreachable!("every message has a known kind, {} too", message.kind());
+    };
+    if len > max {
+        return Err(CodecError::TooLarge { len, max });
     }
     let crc = crc32c::crc32c(&out[HEADER..]);
     out[0..4].copy_from_slice(&(len as u32).to_be_bytes());
@@ -634,10 +670,26 @@ where
         }
     }
     let (len, crc) = parse_header(&header)?;
+    // The kind first: its limit applies before the rest is read.
+    let kind = match r.read_u8().await {
+        Ok(kind) => kind,
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(CodecError::Truncated),
+        Err(e) => return Err(e.into()),
+    };
+    let Some(max) = frame_bytes_max(kind) else {
+        return Err(malformed(format!("unknown kind {kind}")));
+    };
+    if len > max {
+        return Err(CodecError::TooLarge { len, max });
+    }
     // The buffer grows with what actually arrives rather than with what the header claims,
     // so a lying length costs at most what the peer really sends.
     let mut body = Vec::with_capacity(len.min(64 << 10));
-    (&mut *r).take(len as u64).read_to_end(&mut body).await?;
+    body.push(kind);
+    (&mut *r)
+        .take(len as u64 - 1)
+        .read_to_end(&mut body)
+        .await?;
     if body.len() < len {
         return Err(CodecError::Truncated);
     }
@@ -862,7 +914,7 @@ mod tests {
     #[test]
     fn a_corrupt_body_fails_its_crc() {
         let frame = sample_frame();
-        for at in [HEADER, HEADER + 1, HEADER + 20, frame.len() - 1] {
+        for at in [HEADER + 1, HEADER + 20, frame.len() - 1] {
             let mut bad = frame.clone();
             bad[at] ^= 0x40;
             assert!(
@@ -870,6 +922,11 @@ mod tests {
                 "flip at {at}"
             );
         }
+        // The kind byte is read (and its size limit applied) before the CRC can be checked:
+        // a flipped kind is refused as unknown, or else by the CRC.
+        let mut bad = frame.clone();
+        bad[HEADER] ^= 0x40;
+        assert!(matches!(read_err(&bad), CodecError::Malformed(m) if m.contains("unknown kind")));
         let mut bad = frame.clone();
         bad[5] ^= 1;
         let e = read_err(&bad);
@@ -888,6 +945,40 @@ mod tests {
         let mut header = vec![0u8, 0, 0, 2];
         header.extend_from_slice(&0u32.to_be_bytes());
         assert!(matches!(read_err(&header), CodecError::Malformed(_)));
+    }
+
+    /// A vote claiming 2 MiB is refused on its kind byte, before anything more is read; so is
+    /// a kind this protocol lacks. A long reason is cut to fit instead of being refused.
+    #[test]
+    fn each_kind_has_its_own_size_limit_checked_before_the_body() {
+        let mut frame = Vec::new();
+        frame.extend_from_slice(&(2u32 << 20).to_be_bytes());
+        frame.extend_from_slice(&0u32.to_be_bytes());
+        frame.push(KIND_VOTE);
+        let e = read_err(&frame);
+        assert!(
+            matches!(e, CodecError::TooLarge { max, .. } if max == CONTROL_FRAME_BYTES),
+            "{e}"
+        );
+        let mut frame = Vec::new();
+        frame.extend_from_slice(&(2u32 << 20).to_be_bytes());
+        frame.extend_from_slice(&0u32.to_be_bytes());
+        frame.push(KIND_APPEND);
+        // The append's limit is the large one: what fails is the missing body.
+        assert!(matches!(read_err(&frame), CodecError::Truncated));
+        let mut frame = Vec::new();
+        frame.extend_from_slice(&16u32.to_be_bytes());
+        frame.extend_from_slice(&0u32.to_be_bytes());
+        frame.push(200);
+        let e = read_err(&frame);
+        assert!(e.to_string().contains("unknown kind 200"), "{e}");
+
+        let long = "é".repeat(CONTROL_FRAME_BYTES);
+        let encoded = encode("orders/0", &Message::Error(long)).unwrap();
+        let (_, Message::Error(reason)) = decode_all(&encoded) else {
+            panic!("an error decodes as an error");
+        };
+        assert!(reason.len() <= REASON_BYTES_MAX && reason.starts_with('é'));
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! Every broker has one listener ([`serve`]) shared by all its Raft groups (one per partition,
 //! plus the metadata group); each RPC names its group (`"orders/3"`, `"__cluster_metadata/0"`)
 //! and the node it is for. The sending side is openraft's network for one group
-//! ([`TcpNetwork`]), which keeps one TCP stream per target ([`TcpLink`]). The wire format is in
-//! `net/codec.rs`; docs/replication.md ("Transport") has the failure behaviour.
+//! ([`TcpNetwork`]), which keeps one stream per target ([`TcpLink`]). Streams are plain TCP or
+//! mutual TLS with the cluster CA (`net/transport.rs`). The wire format is in `net/codec.rs`;
+//! docs/replication.md ("Transport") has the failure behaviour, docs/security.md the trust.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
@@ -16,10 +17,14 @@ use crate::types::{NodeId, Raft};
 mod client;
 pub(crate) mod codec;
 mod server;
+mod transport;
 
-pub use client::{forward, hello, LinkCuts, TcpLink, TcpNetwork, DEFAULT_CONNECT_TIMEOUT};
+pub use client::{forward, hello, LinkCuts, PeerRef, TcpLink, TcpNetwork, DEFAULT_CONNECT_TIMEOUT};
 pub use codec::MAX_FRAME_BYTES;
-pub use server::serve;
+pub use server::{
+    serve, serve_with, ServeOptions, CONNECTIONS_PER_PEER_MAX, HANDSHAKES_MAX, HANDSHAKE_TIMEOUT,
+};
+pub use transport::Transport;
 
 /// Where each peer's Raft listener is (`host:port`). Shared by every group of a broker.
 /// A broker asking a peer who it is. `incarnation` names the sender's data directory: it is

@@ -1,16 +1,25 @@
 //! The receiving side: one listener per broker, one task per connection, requests dispatched
 //! to the named group's Raft node.
+//!
+//! Every connection is bounded before it costs much: at most [`HANDSHAKES_MAX`] connections
+//! are between accept and a finished handshake, each for at most [`HANDSHAKE_TIMEOUT`]; a
+//! peer (the node its certificate names, or with plain TCP its IP address) holds at most
+//! [`ServeOptions::connections_per_peer_max`] connections; and each frame is bounded by its
+//! kind before its body is read (`codec.rs`). Each refusal is logged with the peer's address.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use openraft::error::RaftError;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use super::codec::{self, KindName, Message};
+use super::transport::{BoxStream, Transport};
 use super::RaftGroups;
 use crate::types::NodeId;
 
@@ -25,10 +34,106 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Pause after a failed accept (e.g. out of file descriptors), so the loop does not spin.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
+/// Connections between accept and a finished handshake, at once. A peer's links connect a
+/// few at a time (each group's on first use), so this is only reached by a flood; past it,
+/// new connections are closed at once.
+pub const HANDSHAKES_MAX: usize = 64;
+
+/// Longest a TLS handshake may take (a peer's own connect budget is shorter).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Default for [`ServeOptions::connections_per_peer_max`]: every Raft group keeps one
+/// connection to each peer it sends to, so a peer needs about one per partition the two
+/// brokers share, plus a few short-lived ones (hello, forwarded proposals).
+pub const CONNECTIONS_PER_PEER_MAX: usize = 4096;
+
+/// How a listener authenticates and bounds its peers.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub transport: Transport,
+    /// The nodes allowed to connect, when the transport names them (mutual TLS); `None`:
+    /// any node the cluster CA certified.
+    pub members: Option<Arc<BTreeSet<NodeId>>>,
+    /// Open connections per peer; more are closed as they arrive.
+    pub connections_per_peer_max: usize,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            transport: Transport::Plain,
+            members: None,
+            connections_per_peer_max: CONNECTIONS_PER_PEER_MAX,
+        }
+    }
+}
+
+/// Who a connection counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum PeerKey {
+    Node(NodeId),
+    Address(IpAddr),
+}
+
+/// Open connections per peer, released when a connection's guard drops.
+#[derive(Default)]
+struct PeerCounts(Mutex<HashMap<PeerKey, usize>>);
+
+struct PeerSlot {
+    counts: Arc<PeerCounts>,
+    key: PeerKey,
+}
+
+impl PeerCounts {
+    fn take(self: &Arc<Self>, key: PeerKey, max: usize) -> Option<PeerSlot> {
+        let mut counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let count = counts.entry(key).or_insert(0);
+        if *count >= max {
+            return None;
+        }
+        *count += 1;
+        Some(PeerSlot {
+            counts: self.clone(),
+            key,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut counts = self.counts.0.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(count) = counts.get_mut(&self.key) else {
+            unreachable!("a held slot's peer {:?} is counted", self.key);
+        };
+        assert!(*count > 0, "peer {:?} holds a slot", self.key);
+        *count -= 1;
+        if *count == 0 {
+            counts.remove(&self.key);
+        }
+    }
+}
+
+/// Accepts connections on `listener` and serves Raft RPCs for the groups in `groups`, over
+/// plain TCP with the default bounds; see [`serve_with`].
+pub async fn serve(listener: TcpListener, groups: Arc<dyn RaftGroups>) {
+    serve_with(listener, groups, ServeOptions::default()).await
+}
+
 /// Accepts connections on `listener` and serves Raft RPCs for the groups in `groups` until
 /// this future is dropped or its task aborted; the connections' tasks end with it. Requests
 /// on one connection are answered one at a time, in order.
-pub async fn serve(listener: TcpListener, groups: Arc<dyn RaftGroups>) {
+pub async fn serve_with(listener: TcpListener, groups: Arc<dyn RaftGroups>, options: ServeOptions) {
+    assert!(options.connections_per_peer_max > 0);
+    if !options.transport.is_authenticated() {
+        if let Ok(addr) = listener.local_addr() {
+            if !addr.ip().is_loopback() {
+                tracing::warn!(%addr, "the Raft listener takes plain TCP on a non-loopback address: any host that reaches it can act as a broker; set [cluster.tls] (docs/security.md)");
+            }
+        }
+    }
+    let options = Arc::new(options);
+    let handshakes = Arc::new(Semaphore::new(HANDSHAKES_MAX));
+    let counts = Arc::new(PeerCounts::default());
     // Connections live in this set so that aborting `serve` closes them all: a broker that
     // stops serving must look down to its peers, not keep answering on old connections.
     let mut connections = JoinSet::new();
@@ -36,7 +141,21 @@ pub async fn serve(listener: TcpListener, groups: Arc<dyn RaftGroups>) {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    connections.spawn(serve_connection(stream, peer, groups.clone()));
+                    let Ok(permit) = handshakes.clone().try_acquire_owned() else {
+                        tracing::warn!(%peer, limit = HANDSHAKES_MAX, "raft listener: refused a connection: too many handshakes in progress");
+                        drop(stream);
+                        continue;
+                    };
+                    let (groups, options, counts) = (groups.clone(), options.clone(), counts.clone());
+                    connections.spawn(async move {
+                        let Some((stream, node, _slot)) =
+                            admit(stream, peer, &options, &counts).await
+                        else {
+                            return;
+                        };
+                        drop(permit);
+                        serve_connection(stream, peer, node, groups).await;
+                    });
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "raft listener: accept failed");
@@ -54,10 +173,58 @@ pub async fn serve(listener: TcpListener, groups: Arc<dyn RaftGroups>) {
     }
 }
 
-async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, groups: Arc<dyn RaftGroups>) {
-    if let Err(e) = stream.set_nodelay(true) {
+/// The handshake and the admission checks; `None` (the refusal logged) if the connection is
+/// not to be served.
+async fn admit(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    options: &ServeOptions,
+    counts: &Arc<PeerCounts>,
+) -> Option<(BoxStream, Option<NodeId>, PeerSlot)> {
+    if let Err(e) = tcp.set_nodelay(true) {
         tracing::debug!(%peer, error = %e, "raft connection: set TCP_NODELAY failed");
     }
+    let (stream, node) = match tokio::time::timeout(
+        HANDSHAKE_TIMEOUT,
+        options.transport.accept(tcp),
+    )
+    .await
+    {
+        Ok(Ok(accepted)) => accepted,
+        Ok(Err(reason)) => {
+            tracing::warn!(%peer, %reason, "raft listener: refused a connection");
+            return None;
+        }
+        Err(_) => {
+            tracing::warn!(%peer, timeout = ?HANDSHAKE_TIMEOUT, "raft listener: refused a connection: handshake timed out");
+            return None;
+        }
+    };
+    let key = match node {
+        Some(node) => {
+            if let Some(members) = &options.members {
+                if !members.contains(&node) {
+                    tracing::warn!(%peer, node, "raft listener: refused a connection: node {node} is not a member of this cluster");
+                    return None;
+                }
+            }
+            PeerKey::Node(node)
+        }
+        None => PeerKey::Address(peer.ip()),
+    };
+    let Some(slot) = counts.take(key, options.connections_per_peer_max) else {
+        tracing::warn!(%peer, ?node, limit = options.connections_per_peer_max, "raft listener: refused a connection: the peer holds as many connections as it may");
+        return None;
+    };
+    Some((stream, node, slot))
+}
+
+async fn serve_connection(
+    mut stream: BoxStream,
+    peer: SocketAddr,
+    node: Option<NodeId>,
+    groups: Arc<dyn RaftGroups>,
+) {
     loop {
         let (group, request) = match tokio::time::timeout(
             IDLE_TIMEOUT,
@@ -82,6 +249,16 @@ async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, groups: Arc<d
                 return;
             }
         };
+        if let Some(node) = node {
+            if let Err(reason) = sender_is(node, &request) {
+                tracing::warn!(%peer, node, %reason, "raft connection: refusing a request; closing the connection");
+                let reply = Message::Error(reason);
+                if let Ok(bytes) = codec::encode("", &reply) {
+                    let _ = tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(&bytes)).await;
+                }
+                return;
+            }
+        }
         let (reply, keep_open) = handle(&*groups, &group, request).await;
         // An error before closing names no group: that tells the client not to reuse the
         // connection (see the client's handling of Error frames).
@@ -107,6 +284,27 @@ async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, groups: Arc<d
         if !keep_open {
             return;
         }
+    }
+}
+
+/// Checks that a request from an authenticated `node` speaks for that node: a vote, an
+/// AppendEntries or a snapshot names its sender (the candidate or leader) in its vote, and a
+/// hello names its sender; a forwarded proposal speaks for nobody.
+fn sender_is(node: NodeId, request: &Message) -> Result<(), String> {
+    let claimed = match request {
+        Message::AppendEntries { rpc, .. } => rpc.vote.leader_id.voted_for,
+        Message::Vote { rpc, .. } => rpc.vote.leader_id.voted_for,
+        Message::InstallSnapshot { rpc, .. } => rpc.vote.leader_id.voted_for,
+        Message::Hello(hello) => Some(hello.sender),
+        _ => return Ok(()),
+    };
+    match claimed {
+        Some(sender) if sender == node => Ok(()),
+        other => Err(format!(
+            "node {node}'s certificate cannot send {} as {}",
+            KindName(request.kind()),
+            other.map_or("no node".to_string(), |n| format!("node {n}")),
+        )),
     }
 }
 
