@@ -193,8 +193,14 @@ def test_the_listener_refuses_clients_without_a_valid_certificate(make_broker, t
             got = b""
         # The TLS listener answers a plaintext hello with a TLS alert, never a Kafka frame.
         assert not got or got[0] == 0x15, got
-    log = broker.log_text()
-    refusals = [line for line in log.splitlines() if "refused a client: TLS handshake failed" in line]
+    # The broker logs a refusal after the client has seen it: wait for the fourth line.
+    deadline = time.monotonic() + 10
+    while True:
+        log = broker.log_text()
+        refusals = [line for line in log.splitlines() if "refused a client: TLS handshake failed" in line]
+        if len(refusals) >= 4 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert len(refusals) >= 4, log[-4000:]
     assert all(f"peer={host}:" in line for line in refusals), refusals
     text = "\n".join(refusals)
@@ -356,3 +362,21 @@ def test_brokers_replicate_over_mutual_tls_and_refuse_strangers(tls_cluster: Clu
             got[(part, r.offset)] = r.value.decode()
     for part, offset, value in acked:
         assert got.get((part, offset)) == value, (part, offset, value)
+
+
+def test_kiln_admin_commands_over_mutual_tls(make_broker, tmp_path, pki):
+    broker = tls_broker(make_broker, tmp_path, pki)
+    tls = ["--tls-ca", str(pki / "ca" / "ca.crt"), "--tls-cert", str(pki / "certs" / "agent-1.crt"),
+           "--tls-key", str(pki / "certs" / "agent-1.key")]
+    kiln("topics", "create", "tls.admin", "--partitions", "2", "--bootstrap", broker.addr, *tls)
+    listed = kiln("topics", "list", "--bootstrap", broker.addr, *tls).stdout
+    assert "tls.admin" in listed, listed
+    kiln("groups", "list", "--bootstrap", broker.addr, *tls)
+    # Without the client certificate the listener refuses, and the command says TLS failed.
+    cp = kiln("topics", "list", "--bootstrap", broker.addr, "--tls-ca", str(pki / "ca" / "ca.crt"),
+              check=False)
+    assert cp.returncode != 0, cp.stdout
+    # A certificate without its key is a usage error.
+    cp = kiln("topics", "list", "--bootstrap", broker.addr, "--tls-ca", str(pki / "ca" / "ca.crt"),
+              "--tls-cert", str(pki / "certs" / "agent-1.crt"), check=False)
+    assert cp.returncode != 0 and "--tls-key" in cp.stderr, cp.stderr

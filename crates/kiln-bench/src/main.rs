@@ -61,6 +61,8 @@ enum Command {
     Offsets(offsets::OffsetsArgs),
     /// librdkafka's idempotent producer beside the same producer with it off.
     Idempotence(idempotence::IdempotenceArgs),
+    /// `produce` over plain TCP and over mutual TLS, alternated: the throughput ratio.
+    Tls(produce::ProduceArgs),
     /// Internal: the child process that `recovery` kills.
     #[command(hide = true)]
     RecoveryFill(recovery::FillArgs),
@@ -101,6 +103,7 @@ fn main() -> anyhow::Result<()> {
         Command::Retention(args) => retention::run(&cli.dir, &args, &runtime)?,
         Command::Offsets(args) => offsets::run(&cli.dir, &args, &runtime)?,
         Command::Idempotence(args) => idempotence::run(&cli.dir, &args, &runtime)?,
+        Command::Tls(args) => runtime.block_on(produce::compare_tls(&cli.dir, &args))?,
         Command::RecoveryFill(args) => recovery::fill(&args)?,
         Command::All {
             produce: pa,

@@ -42,6 +42,10 @@ pub struct ProduceArgs {
     /// Broker flush interval in ms; 0 (default) acknowledges only after fsync.
     #[arg(long, default_value_t = 0)]
     pub flush_interval_ms: u64,
+    /// Over mutual TLS: the broker's `[tls]` listener requires a client certificate (a CA and
+    /// certificates are made for the run).
+    #[arg(long)]
+    pub tls: bool,
 }
 
 pub struct ProduceFigures {
@@ -60,6 +64,13 @@ pub async fn run(dir: &Path, args: &ProduceArgs) -> anyhow::Result<ProduceFigure
         ..BrokerConfig::default()
     };
     config.log.flush_interval_ms = args.flush_interval_ms;
+    let tls = if args.tls {
+        let (settings, connector) = mutual_tls(tmp.path())?;
+        config.tls = Some(settings);
+        Some(connector)
+    } else {
+        None
+    };
     let bound = Broker::bind(config).await?;
     let address = bound.local_addr()?.to_string();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -68,7 +79,7 @@ pub async fn run(dir: &Path, args: &ProduceArgs) -> anyhow::Result<ProduceFigure
     }));
 
     let timeout = Duration::from_secs(10);
-    let mut admin = Connection::connect(&address, timeout).await?;
+    let mut admin = Connection::connect_with(&address, timeout, tls.as_ref()).await?;
     let create = CreateTopicsRequest::default().with_topics(vec![CreatableTopic::default()
         .with_name(TopicName(StrBytes::from_static_str("bench")))
         .with_num_partitions(args.partitions)
@@ -86,7 +97,7 @@ pub async fn run(dir: &Path, args: &ProduceArgs) -> anyhow::Result<ProduceFigure
     let started = Instant::now();
     let mut workers = Vec::new();
     for c in 0..args.connections {
-        let connection = Connection::connect(&address, timeout).await?;
+        let connection = Connection::connect_with(&address, timeout, tls.as_ref()).await?;
         workers.push(tokio::spawn(drive_connection(
             connection,
             batch.clone(),
@@ -113,6 +124,34 @@ pub async fn run(dir: &Path, args: &ProduceArgs) -> anyhow::Result<ProduceFigure
         latency_us,
         args: args.clone(),
     })
+}
+
+/// A CA, the broker's certificate for 127.0.0.1 and a client's, under `dir`: the broker's
+/// `[tls]` settings (client certificates required) and the client's connector.
+fn mutual_tls(
+    dir: &Path,
+) -> anyhow::Result<(
+    kiln_broker::config::ListenerTlsSettings,
+    kiln_tls::TlsConnector,
+)> {
+    let certs = dir.join("certs");
+    std::fs::create_dir_all(&certs)?;
+    let ca = kiln_tls::Ca::generate("bench CA")?;
+    ca.write(&certs)?;
+    ca.issue_broker(0, &["127.0.0.1".to_string()])?
+        .write(&certs, "broker")?;
+    ca.issue_client("bench")?.write(&certs, "client")?;
+    let settings = kiln_broker::config::ListenerTlsSettings {
+        cert_file: certs.join("broker.crt"),
+        key_file: certs.join("broker.key"),
+        client_ca_file: Some(certs.join("ca.crt")),
+        client_auth: None,
+    };
+    let connector = kiln_tls::client_connector(
+        &certs.join("ca.crt"),
+        Some((&certs.join("client.crt"), &certs.join("client.key"))),
+    )?;
+    Ok((settings, connector))
 }
 
 pub fn encode_batch(count: usize, record_bytes: usize) -> anyhow::Result<Bytes> {
@@ -246,6 +285,9 @@ pub fn print(p: &ProduceFigures, disk: &DiskFigures) {
             format!("fsync every {} ms", p.args.flush_interval_ms)
         }
     );
+    if p.args.tls {
+        println!("produce  over mutual TLS (TLS 1.3, client certificates required)");
+    }
     println!(
         "produce  {records_s:.0} records/s, {mib_s:.1} MiB/s over {secs:.1} s ({} records)",
         p.records
@@ -268,4 +310,45 @@ pub fn print(p: &ProduceFigures, disk: &DiskFigures) {
         100.0 * mib_s / disk.parallel_bandwidth_mib_s,
         disk.parallel_bandwidth_mib_s
     );
+}
+
+/// Rounds of each transport in `kiln-bench tls`, alternated so drift in the disk or the machine
+/// falls on both.
+const TLS_ROUNDS: usize = 2;
+
+/// `kiln-bench tls`: the same produce run over plain TCP and over mutual TLS, alternated, and
+/// the ratio of their throughput.
+pub async fn compare_tls(dir: &Path, args: &ProduceArgs) -> anyhow::Result<()> {
+    let mut totals = [(0u64, 0f64); 2];
+    for round in 0..TLS_ROUNDS {
+        for (slot, tls) in [(0, false), (1, true)] {
+            let run_args = ProduceArgs {
+                tls,
+                ..args.clone()
+            };
+            let p = run(dir, &run_args).await?;
+            let secs = p.elapsed.as_secs_f64();
+            println!(
+                "tls  round {} {:>9}: {:.0} records/s, {:.1} MiB/s, p99 {:.2} ms",
+                round + 1,
+                if tls { "mTLS" } else { "plaintext" },
+                p.records as f64 / secs,
+                p.bytes as f64 / (1 << 20) as f64 / secs,
+                p.latency_us.value_at_quantile(0.99) as f64 / 1000.0
+            );
+            totals[slot].0 += p.records;
+            totals[slot].1 += secs;
+        }
+    }
+    let rate = |(records, secs): (u64, f64)| records as f64 / secs;
+    let (plain, tls) = (rate(totals[0]), rate(totals[1]));
+    println!(
+        "tls  {} B records, {} per batch, {} connections x {} in flight, acks=all, fsync before ack",
+        args.record_bytes, args.batch_records, args.connections, args.in_flight
+    );
+    println!(
+        "tls  mutual TLS / plaintext throughput: {:.2} ({tls:.0} / {plain:.0} records/s over {TLS_ROUNDS} rounds each)",
+        tls / plain
+    );
+    Ok(())
 }

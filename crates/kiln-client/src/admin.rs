@@ -98,6 +98,7 @@ pub struct CommittedOffset {
 pub struct Cluster {
     bootstrap: String,
     timeout: Duration,
+    tls: Option<tokio_rustls::TlsConnector>,
     conns: HashMap<String, Connection>,
 }
 
@@ -107,8 +108,15 @@ impl Cluster {
         Self {
             bootstrap: bootstrap.into(),
             timeout,
+            tls: None,
             conns: HashMap::new(),
         }
+    }
+
+    /// Every connection uses TLS with `tls` (a `[tls]` listener).
+    pub fn with_tls(mut self, tls: Option<tokio_rustls::TlsConnector>) -> Self {
+        self.tls = tls;
+        self
     }
 
     pub fn bootstrap(&self) -> &str {
@@ -117,7 +125,7 @@ impl Cluster {
 
     async fn connection(&mut self, address: &str) -> Result<&mut Connection, AdminError> {
         if !self.conns.contains_key(address) {
-            let conn = Connection::connect(address, self.timeout)
+            let conn = Connection::connect_with(address, self.timeout, self.tls.as_ref())
                 .await
                 .map_err(|source| AdminError::Connect {
                     address: address.to_string(),

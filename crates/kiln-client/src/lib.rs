@@ -2,7 +2,8 @@
 //! CLI, the benchmark, tests). Services that consume and produce in production
 //! use librdkafka instead, so they also run against Apache Kafka or Redpanda.
 //!
-//! One [`Connection`] is one TCP connection. It negotiates versions with
+//! One [`Connection`] is one TCP connection, or TLS over one ([`Connection::connect_with`]
+//! with a connector from `kiln_tls::client_connector`). It negotiates versions with
 //! ApiVersions on connect and picks, per API, the highest version both sides
 //! support. Requests may be pipelined with [`Connection::into_split`]. [`admin`] holds the
 //! group and offset reads that `kiln groups` and the dashboard share.
@@ -18,9 +19,12 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 use kiln_wire::{decode_response, encode_request, read_frame, WireError};
-use tokio::io::{AsyncWriteExt, BufReader};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
+
+/// The read and write halves of a connection, whichever transport carries it.
+type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
 
 pub use kafka_protocol;
 
@@ -34,6 +38,8 @@ const API_VERSIONS_VERSION: i16 = 3;
 pub enum ClientError {
     #[error("cannot connect to {address}: {reason}")]
     Connect { address: String, reason: String },
+    #[error("TLS with {address}: {reason}")]
+    Tls { address: String, reason: String },
     #[error("timed out after {0:?}")]
     Timeout(Duration),
     #[error("the broker closed the connection")]
@@ -70,14 +76,27 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// Connects and negotiates versions, all within `timeout`.
+    /// Connects over plain TCP and negotiates versions, all within `timeout`.
     pub async fn connect(address: &str, timeout: Duration) -> Result<Self, ClientError> {
-        tokio::time::timeout(timeout, Self::connect_inner(address))
+        Self::connect_with(address, timeout, None).await
+    }
+
+    /// Connects, over TLS when `tls` is given (the server's certificate must name the host
+    /// part of `address`), and negotiates versions, all within `timeout`.
+    pub async fn connect_with(
+        address: &str,
+        timeout: Duration,
+        tls: Option<&tokio_rustls::TlsConnector>,
+    ) -> Result<Self, ClientError> {
+        tokio::time::timeout(timeout, Self::connect_inner(address, tls))
             .await
             .map_err(|_| ClientError::Timeout(timeout))?
     }
 
-    async fn connect_inner(address: &str) -> Result<Self, ClientError> {
+    async fn connect_inner(
+        address: &str,
+        tls: Option<&tokio_rustls::TlsConnector>,
+    ) -> Result<Self, ClientError> {
         let stream = TcpStream::connect(address)
             .await
             .map_err(|e| ClientError::Connect {
@@ -85,7 +104,30 @@ impl Connection {
                 reason: e.to_string(),
             })?;
         stream.set_nodelay(true).map_err(WireError::Io)?;
-        let (read_half, write_half) = stream.into_split();
+        let (read_half, write_half): (ReadHalf, WriteHalf) = match tls {
+            None => {
+                let (r, w) = stream.into_split();
+                (Box::new(r), Box::new(w))
+            }
+            Some(connector) => {
+                let tls_error = |reason: String| ClientError::Tls {
+                    address: address.to_string(),
+                    reason,
+                };
+                let host = address
+                    .rsplit_once(':')
+                    .map_or(address, |(host, _)| host)
+                    .trim_matches(['[', ']']);
+                let name = rustls_pki_types::ServerName::try_from(host.to_string())
+                    .map_err(|e| tls_error(format!("{host:?} is not a host name: {e}")))?;
+                let stream = connector
+                    .connect(name, stream)
+                    .await
+                    .map_err(|e| tls_error(e.to_string()))?;
+                let (r, w) = tokio::io::split(stream);
+                (Box::new(r), Box::new(w))
+            }
+        };
         let mut connection = Self {
             writer: RequestWriter {
                 half: write_half,
@@ -176,7 +218,7 @@ pub struct Sent {
 }
 
 pub struct RequestWriter {
-    half: OwnedWriteHalf,
+    half: WriteHalf,
     next_correlation_id: i32,
     versions: Versions,
 }
@@ -240,7 +282,7 @@ impl RequestWriter {
 }
 
 pub struct ResponseReader {
-    half: BufReader<OwnedReadHalf>,
+    half: BufReader<ReadHalf>,
 }
 
 impl ResponseReader {

@@ -178,15 +178,24 @@ async fn three_brokers_replicate_over_mutual_tls_and_refuse_strangers() {
     let err = try_vote(rogue, follower, &follower_addr, 2)
         .await
         .unwrap_err();
-    assert!(err.contains("UnknownCA"), "{err}");
+    // The server's alert names the reason; a reset can overtake it when the client's request
+    // arrived before the refusal (TLS 1.3 lets it write right after its Finished).
+    assert!(
+        err.contains("UnknownCA") || err.contains("reset by peer"),
+        "{err}"
+    );
 
     // A node the cluster CA certified but that is not a member.
     let stranger = transport(&certs, &ca, 9, &trusted);
     let err = try_vote(stranger, follower, &follower_addr, 9)
         .await
         .unwrap_err();
-    // Closed right after the handshake, before any request is read.
-    assert!(err.contains("closed"), "{err}");
+    // Closed right after the handshake, before any request is read: the client sees the
+    // close, or a reset when its request was still unread in the server's socket buffer.
+    assert!(
+        err.contains("closed") || err.contains("reset by peer"),
+        "{err}"
+    );
 
     // A member whose certificate says node 2 cannot ask for votes as node 3 (nor as anyone
     // else it is not).

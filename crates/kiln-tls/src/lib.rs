@@ -22,7 +22,9 @@ mod settings;
 pub use ca::{Ca, Issued, Validity};
 pub use identity::{node_name, node_of, principal_of, subject_dn, NODE_NAME_PREFIX};
 pub use pem::{load_cert_chain, load_private_key, load_roots};
-pub use settings::{ClientAuth, PeerTls, PeerTlsFiles, ServerTls, ServerTlsFiles};
+pub use settings::{
+    client_connector, ClientAuth, PeerTls, PeerTlsFiles, ServerTls, ServerTlsFiles,
+};
 pub use tokio_rustls::{client::TlsStream as ClientStream, server::TlsStream as ServerStream};
 pub use tokio_rustls::{TlsAcceptor, TlsConnector};
 

@@ -138,6 +138,29 @@ impl PeerTls {
     }
 }
 
+/// A TLS client's settings: the CA that signs the server's certificate, and optionally a client
+/// certificate and key (for a listener that asks for one).
+pub fn client_connector(
+    ca_file: &std::path::Path,
+    identity: Option<(&std::path::Path, &std::path::Path)>,
+) -> Result<TlsConnector, TlsError> {
+    let roots = load_roots(ca_file)?;
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(settings_error)?
+        .with_root_certificates(roots);
+    let config = match identity {
+        None => builder.with_no_client_auth(),
+        Some((cert_file, key_file)) => builder
+            .with_client_auth_cert(load_cert_chain(cert_file)?, load_private_key(key_file)?)
+            .map_err(|e| TlsError::Invalid {
+                path: key_file.display().to_string(),
+                error: format!("does not match {}: {e}", cert_file.display()),
+            })?,
+    };
+    Ok(TlsConnector::from(Arc::new(config)))
+}
+
 /// How a Kafka listener treats client certificates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClientAuth {

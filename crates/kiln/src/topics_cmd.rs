@@ -61,7 +61,8 @@ enum TopicsCommand {
 
 pub async fn run(args: TopicsArgs) -> anyhow::Result<()> {
     let timeout = args.broker.timeout();
-    let mut conn = Connection::connect(&args.broker.bootstrap, timeout)
+    let tls = args.broker.tls()?;
+    let mut conn = Connection::connect_with(&args.broker.bootstrap, timeout, tls.as_ref())
         .await
         .with_context(|| format!("connecting to {}", args.broker.bootstrap))?;
     // Topic changes go to the controller (in a cluster, other brokers refuse them).
@@ -69,7 +70,7 @@ pub async fn run(args: TopicsArgs) -> anyhow::Result<()> {
         args.command,
         TopicsCommand::Create { .. } | TopicsCommand::Delete { .. } | TopicsCommand::Alter { .. }
     ) {
-        conn = connect_controller(conn, timeout).await?;
+        conn = connect_controller(conn, timeout, tls.as_ref()).await?;
     }
     match args.command {
         TopicsCommand::Create {
@@ -101,7 +102,11 @@ pub async fn run(args: TopicsArgs) -> anyhow::Result<()> {
 
 /// The connection to the controller named in Metadata, or `conn` itself when it is the
 /// controller (always so for a standalone broker) or none is named.
-async fn connect_controller(mut conn: Connection, timeout: Duration) -> anyhow::Result<Connection> {
+async fn connect_controller(
+    mut conn: Connection,
+    timeout: Duration,
+    tls: Option<&kiln_tls::TlsConnector>,
+) -> anyhow::Result<Connection> {
     let response = metadata(&mut conn, timeout, None).await?;
     let controller = response.controller_id;
     if controller.0 < 0 {
@@ -116,7 +121,7 @@ async fn connect_controller(mut conn: Connection, timeout: Duration) -> anyhow::
     if response.brokers.len() == 1 {
         return Ok(conn);
     }
-    Connection::connect(&address, timeout)
+    Connection::connect_with(&address, timeout, tls)
         .await
         .with_context(|| {
             format!(
