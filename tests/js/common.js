@@ -32,17 +32,29 @@ function tlsOptions() {
   if (!spec) return undefined;
   const fs = require('fs');
   const { ca, cert, key } = JSON.parse(spec);
-  return { ca: [fs.readFileSync(ca, 'utf8')], cert: fs.readFileSync(cert, 'utf8'), key: fs.readFileSync(key, 'utf8') };
+  const options = { ca: [fs.readFileSync(ca, 'utf8')] };
+  // Without a client certificate: TLS for SASL_SSL (tests/test_sasl.py).
+  if (cert) Object.assign(options, { cert: fs.readFileSync(cert, 'utf8'), key: fs.readFileSync(key, 'utf8') });
+  return options;
+}
+
+// KILN_TEST_SASL='{"mechanism": "scram-sha-512", "username": U, "password": P}' makes the
+// client authenticate with SASL (tests/test_sasl.py).
+function saslOptions() {
+  const spec = process.env.KILN_TEST_SASL;
+  return spec ? JSON.parse(spec) : undefined;
 }
 
 function client(bootstrap, clientId) {
   const ssl = tlsOptions();
+  const sasl = saslOptions();
   return new Kafka({
     clientId,
     brokers: bootstrap.split(','),
     logLevel: logLevel.INFO,
     logCreator,
     ...(ssl ? { ssl } : {}),
+    ...(sasl ? { sasl } : {}),
   });
 }
 

@@ -65,6 +65,102 @@ pub struct BrokerConfig {
     pub cluster: Option<ClusterSettings>,
     /// `[tls]`: the Kafka listener takes TLS only (docs/security.md); absent, plain TCP.
     pub tls: Option<ListenerTlsSettings>,
+    /// `[sasl]`: every client authenticates (SASL_PLAINTEXT, or SASL_SSL with `[tls]`) before
+    /// any request but ApiVersions is served (docs/security.md); absent, none does.
+    pub sasl: Option<SaslSettings>,
+}
+
+/// `[sasl]`: the mechanisms offered and the first user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SaslSettings {
+    /// Offered in SaslHandshake, in this order: any of "SCRAM-SHA-512", "SCRAM-SHA-256",
+    /// "PLAIN". PLAIN sends the password itself: offer it only with `[tls]`.
+    pub mechanisms: Vec<String>,
+    /// A failed authentication is answered after this long, then the connection is closed:
+    /// each guess costs an attacker this much per connection (Kafka's
+    /// connection.failed.authentication.delay.ms).
+    pub failed_authentication_delay_ms: u64,
+    /// Longest a client may take from its first request to the end of authentication; its
+    /// connection slot is held meanwhile.
+    pub authentication_timeout_ms: u64,
+    /// A user whose credential the controller creates when the cluster has none for it, so the
+    /// first `kiln users create` has someone to log in as.
+    pub bootstrap_user: Option<String>,
+    /// The bootstrap user's password: the file's first line.
+    pub bootstrap_password_file: Option<PathBuf>,
+}
+
+impl Default for SaslSettings {
+    fn default() -> Self {
+        SaslSettings {
+            mechanisms: vec!["SCRAM-SHA-512".into(), "SCRAM-SHA-256".into()],
+            failed_authentication_delay_ms: 1000,
+            authentication_timeout_ms: 10_000,
+            bootstrap_user: None,
+            bootstrap_password_file: None,
+        }
+    }
+}
+
+/// A mechanism `[sasl] mechanisms` may name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaslMechanism {
+    Scram(kiln_sasl::Mechanism),
+    Plain,
+}
+
+impl SaslMechanism {
+    pub fn name(self) -> &'static str {
+        match self {
+            SaslMechanism::Scram(m) => m.name(),
+            SaslMechanism::Plain => "PLAIN",
+        }
+    }
+}
+
+impl SaslSettings {
+    /// The offered mechanisms, or which name is not one.
+    pub fn parsed_mechanisms(&self) -> Result<Vec<SaslMechanism>, String> {
+        if self.mechanisms.is_empty() {
+            return Err("sasl.mechanisms is empty: name at least one of SCRAM-SHA-512, SCRAM-SHA-256, PLAIN".into());
+        }
+        self.mechanisms
+            .iter()
+            .map(|name| match name.as_str() {
+                "PLAIN" => Ok(SaslMechanism::Plain),
+                other => kiln_sasl::Mechanism::from_name(other)
+                    .map(SaslMechanism::Scram)
+                    .ok_or_else(|| {
+                        format!("sasl.mechanisms: {other:?} is not one of SCRAM-SHA-512, SCRAM-SHA-256, PLAIN")
+                    }),
+            })
+            .collect()
+    }
+
+    /// The bootstrap user and password, when both are set; an error when only one is, or the
+    /// file cannot be read.
+    pub fn bootstrap(&self) -> Result<Option<(String, Vec<u8>)>, String> {
+        match (&self.bootstrap_user, &self.bootstrap_password_file) {
+            (None, None) => Ok(None),
+            (Some(user), Some(file)) => {
+                kiln_sasl::check_user_name(user)
+                    .map_err(|e| format!("sasl.bootstrap_user: {e}"))?;
+                let text = std::fs::read_to_string(file)
+                    .map_err(|e| format!("sasl.bootstrap_password_file {}: {e}", file.display()))?;
+                let password = text.lines().next().unwrap_or("");
+                if password.is_empty() || password.len() > kiln_sasl::PASSWORD_BYTES_MAX {
+                    return Err(format!(
+                        "sasl.bootstrap_password_file {}: the first line must hold a password of 1 to {} bytes",
+                        file.display(),
+                        kiln_sasl::PASSWORD_BYTES_MAX
+                    ));
+                }
+                Ok(Some((user.clone(), password.as_bytes().to_vec())))
+            }
+            _ => Err("sasl.bootstrap_user and sasl.bootstrap_password_file go together".into()),
+        }
+    }
 }
 
 /// `[tls]`: the Kafka listener's certificate, and whether clients must present one.
@@ -314,6 +410,7 @@ impl Default for BrokerConfig {
             group_retention_warn_repeat_ms: 300_000,
             cluster: None,
             tls: None,
+            sasl: None,
         }
     }
 }
@@ -380,6 +477,13 @@ impl BrokerConfig {
         }
         if let Some(tls) = &self.tls {
             tls.files()?;
+        }
+        if let Some(sasl) = &self.sasl {
+            sasl.parsed_mechanisms()?;
+            if sasl.failed_authentication_delay_ms > 60_000 || sasl.authentication_timeout_ms == 0 {
+                return Err("sasl.failed_authentication_delay_ms must be at most 60000 and sasl.authentication_timeout_ms above 0".into());
+            }
+            sasl.bootstrap()?;
         }
         if self.log.segment_bytes < crate::topic_config::SEGMENT_BYTES_MIN {
             return Err(format!(

@@ -10,13 +10,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use kafka_protocol::messages::{ApiKey, ResponseKind};
+use kafka_protocol::messages::{ApiKey, RequestKind, ResponseKind};
 use kafka_protocol::ResponseError;
 use kiln_wire::{decode_request, encode_response, read_frame, WireError};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::handlers::{self, Reply};
+use crate::sasl::{Next, SaslAnswer, Session};
 use crate::server::Broker;
 
 /// What a finished request leaves for the writer.
@@ -41,9 +42,24 @@ where
     let (slots_tx, slots_rx) = mpsc::channel::<Slot>(broker.config.max_in_flight_per_connection);
     let writer = tokio::spawn(write_responses(write_half, slots_rx, peer));
     let mut reader = BufReader::with_capacity(64 * 1024, read_half);
+    let mut session = Session::new(broker.sasl.clone());
+    let authenticate_by = session
+        .authentication_timeout()
+        .map(|t| tokio::time::Instant::now() + t);
 
     loop {
-        let frame = match read_frame(&mut reader, broker.config.max_frame_bytes).await {
+        let read = read_frame(&mut reader, broker.config.max_frame_bytes);
+        let read = match authenticate_by.filter(|_| !session.may_serve()) {
+            None => read.await,
+            Some(deadline) => match tokio::time::timeout_at(deadline, read).await {
+                Ok(read) => read,
+                Err(_) => {
+                    tracing::warn!(%peer, "closing connection: not authenticated in time");
+                    break;
+                }
+            },
+        };
+        let frame = match read {
             Ok(Some(frame)) => frame,
             Ok(None) => break,
             Err(WireError::Io(e)) => {
@@ -98,6 +114,35 @@ where
                 }
             }
         };
+        let next = match &request.body {
+            RequestKind::SaslHandshake(req) => Some(session.handshake(req)),
+            RequestKind::SaslAuthenticate(req) => {
+                Some(session.authenticate(&broker.cluster, req, peer))
+            }
+            RequestKind::ApiVersions(_) => None,
+            _ if !session.may_serve() => {
+                tracing::warn!(%peer, ?api_key, "closing connection: a request before SASL authentication");
+                break;
+            }
+            _ => None,
+        };
+        if let Some(next) = next {
+            let (answer, close_after) = match next {
+                Next::Answer(answer) => (answer, None),
+                Next::AnswerAndClose(answer, delay) => (answer, Some(delay)),
+            };
+            if let Some(delay) = close_after {
+                tokio::time::sleep(delay).await;
+            }
+            let body = match answer {
+                SaslAnswer::Handshake(r) => ResponseKind::SaslHandshake(r),
+                SaslAnswer::Authenticate(r) => ResponseKind::SaslAuthenticate(r),
+            };
+            if !send_ready(&slots_tx, encode(body)).await || close_after.is_some() {
+                break;
+            }
+            continue;
+        }
         let sent = match handlers::dispatch(&broker, request) {
             Reply::Now(body) => send_ready(&slots_tx, encode(*body)).await,
             Reply::Silent => send_ready(&slots_tx, Outcome::NoResponse).await,
@@ -121,6 +166,7 @@ where
             break;
         }
     }
+    tracing::debug!(%peer, principal = session.principal(), "connection closed");
     drop(slots_tx);
     if let Err(e) = writer.await {
         tracing::debug!(%peer, error = %e, "writer task ended abnormally");

@@ -18,6 +18,7 @@ mod handlers;
 mod identity;
 mod metrics;
 mod retention;
+mod sasl;
 mod server;
 mod time;
 pub mod topic_config;

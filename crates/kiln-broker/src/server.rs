@@ -27,6 +27,8 @@ pub struct Broker {
     pub cluster: Arc<Cluster>,
     /// The Kafka listener's TLS settings, when `[tls]` is set.
     pub tls: Option<Arc<kiln_tls::ServerTls>>,
+    /// The Kafka listener's SASL settings, when `[sasl]` is set.
+    pub sasl: Option<Arc<crate::sasl::SaslListener>>,
     /// How Raft traffic travels (mutual TLS with `[cluster.tls]`).
     pub raft_transport: kiln_raft::net::Transport,
     _lock: DataDirLock,
@@ -73,6 +75,18 @@ impl Broker {
                     .map_err(anyhow::Error::msg)
                     .context("[tls]")?;
                 Some(Arc::new(kiln_tls::ServerTls::load(files).context("[tls]")?))
+            }
+        };
+        let sasl = match &config.sasl {
+            None => None,
+            Some(settings) => {
+                let listener = crate::sasl::SaslListener::new(settings)
+                    .map_err(anyhow::Error::msg)
+                    .context("[sasl]")?;
+                if listener.offers_plain() && tls.is_none() {
+                    tracing::warn!("[sasl] offers PLAIN without [tls]: passwords cross the network in the clear");
+                }
+                Some(Arc::new(listener))
             }
         };
         let listener = TcpListener::bind(config.listen)
@@ -163,6 +177,7 @@ impl Broker {
             advertised_port,
             cluster,
             tls,
+            sasl,
             raft_transport,
             _lock: lock,
         });
@@ -257,6 +272,7 @@ impl BoundBroker {
             cluster_id = ?broker.cluster_id(),
             data_dir = %broker.config.data_dir.display(),
             tls = broker.tls.is_some(),
+            sasl = broker.sasl.is_some(),
             raft_tls = broker.raft_transport.is_authenticated(),
             "listening on {}",
             listener.local_addr()?
@@ -282,6 +298,16 @@ impl BoundBroker {
         let metrics_task =
             metrics_listener.map(|l| tokio::spawn(metrics::serve(l, broker.clone())));
         let reload_task = tokio::spawn(reload_tls_on_sighup(broker.clone()));
+        let bootstrap_user = match broker.config.sasl.as_ref().map(|s| s.bootstrap()) {
+            Some(Ok(Some((user, password)))) => {
+                let cluster = broker.cluster.clone();
+                Some(tokio::spawn(async move {
+                    cluster.bootstrap_user(user, password).await
+                }))
+            }
+            Some(Err(e)) => anyhow::bail!("[sasl]: {e}"),
+            _ => None,
+        };
         if broker.config.cluster.is_none() {
             wait_until_ready_alone(&broker).await;
         }
@@ -334,6 +360,9 @@ impl BoundBroker {
         }
         coordinator_task.abort();
         reload_task.abort();
+        if let Some(t) = bootstrap_user {
+            t.abort();
+        }
         broker.cluster.shutdown().await;
         Ok(())
     }

@@ -169,6 +169,19 @@ fn request(api: ApiKey, version: i16, topic: &str) -> RequestKind {
                     ])]),
         ),
         ApiKey::DescribeCluster => RequestKind::DescribeCluster(DescribeClusterRequest::default()),
+        // This broker has no [sasl]: both are answered with an error and the connection stays.
+        ApiKey::SaslHandshake => RequestKind::SaslHandshake(
+            SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN")),
+        ),
+        ApiKey::SaslAuthenticate => {
+            RequestKind::SaslAuthenticate(SaslAuthenticateRequest::default())
+        }
+        ApiKey::DescribeUserScramCredentials => {
+            RequestKind::DescribeUserScramCredentials(DescribeUserScramCredentialsRequest::default())
+        }
+        ApiKey::AlterUserScramCredentials => {
+            RequestKind::AlterUserScramCredentials(AlterUserScramCredentialsRequest::default())
+        }
         ApiKey::OffsetDelete => RequestKind::OffsetDelete(
             OffsetDeleteRequest::default()
                 .with_group_id(GroupId(StrBytes::from_static_str("absent")))
@@ -262,6 +275,17 @@ async fn every_supported_version_is_answered() {
                 ResponseKind::OffsetDelete(r) => {
                     r.error_code == ResponseError::GroupIdNotFound.code()
                 }
+                ResponseKind::SaslHandshake(r) => {
+                    r.error_code == ResponseError::UnsupportedSaslMechanism.code()
+                        && r.mechanisms.is_empty()
+                }
+                ResponseKind::SaslAuthenticate(r) => {
+                    r.error_code == ResponseError::IllegalSaslState.code()
+                }
+                ResponseKind::DescribeUserScramCredentials(r) => {
+                    r.error_code == 0 && r.results.is_empty()
+                }
+                ResponseKind::AlterUserScramCredentials(r) => r.results.is_empty(),
                 _ => false,
             };
             assert!(ok, "{api:?} v{version}: unexpected {response:?}");

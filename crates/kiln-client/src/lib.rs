@@ -329,7 +329,11 @@ fn api_key_of(body: &RequestKind) -> ApiKey {
         RequestKind::CreatePartitions(_) => ApiKey::CreatePartitions,
         RequestKind::DeleteRecords(_) => ApiKey::DeleteRecords,
         RequestKind::DescribeCluster(_) => ApiKey::DescribeCluster,
+        RequestKind::SaslHandshake(_) => ApiKey::SaslHandshake,
+        RequestKind::SaslAuthenticate(_) => ApiKey::SaslAuthenticate,
+        RequestKind::DescribeUserScramCredentials(_) => ApiKey::DescribeUserScramCredentials,
+        RequestKind::AlterUserScramCredentials(_) => ApiKey::AlterUserScramCredentials,
         // Kiln's tools send nothing else; an unknown key fails version negotiation loudly.
-        _ => ApiKey::SaslAuthenticate,
+        _ => ApiKey::WriteTxnMarkers,
     }
 }

@@ -38,6 +38,8 @@ pub(super) enum TopicChange {
         count: i32,
         validate_only: bool,
     },
+    /// AlterUserScramCredentials (`users.rs`).
+    Scram { change: super::users::ScramChange },
 }
 
 impl Cluster {
@@ -98,6 +100,7 @@ impl Cluster {
                 self.create_partitions_here(&name, count, validate_only)
                     .await
             }
+            TopicChange::Scram { change } => self.alter_scram_here(change).await,
         };
         result.map_err(|e| serde_json::to_string(&e).unwrap_or_else(|_| e.to_string()))
     }

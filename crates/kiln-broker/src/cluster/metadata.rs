@@ -66,6 +66,15 @@ pub enum Command {
         from: u32,
         assignments: Vec<Vec<i32>>,
     },
+    /// A user's SCRAM credential for one mechanism is now `credential` (`None`: removed).
+    /// `if_absent`: applied only when the user has none for that mechanism (the configured
+    /// bootstrap user, proposed by every controller that finds it missing).
+    ScramCredential {
+        user: String,
+        mechanism: kiln_sasl::Mechanism,
+        credential: Option<kiln_sasl::ScramCredential>,
+        if_absent: bool,
+    },
 }
 
 /// One RecordBatch v2 holding `command` as its only record.
@@ -152,6 +161,10 @@ pub struct MetadataState {
     /// Each broker's latest fence: the run (`boot`) that proposed it (`cluster/fence.rs`).
     #[serde(default)]
     pub fences: BTreeMap<i32, u64>,
+    /// SCRAM credentials by user and mechanism (`cluster/users.rs`): salted and hashed, never
+    /// a password.
+    #[serde(default)]
+    pub scram: BTreeMap<String, BTreeMap<kiln_sasl::Mechanism, kiln_sasl::ScramCredential>>,
     /// The Kafka offset after the last applied record: the controller waits for its own
     /// commands to pass it.
     pub applied_offset: i64,
@@ -183,6 +196,28 @@ impl MetadataTable {
 
     pub fn state(&self) -> MetadataState {
         self.lock().clone()
+    }
+
+    /// One user's credential for one mechanism (a login looks up only this; `state()` would
+    /// copy every topic).
+    pub fn scram_credential(
+        &self,
+        user: &str,
+        mechanism: kiln_sasl::Mechanism,
+    ) -> Option<kiln_sasl::ScramCredential> {
+        self.lock().scram.get(user)?.get(&mechanism).cloned()
+    }
+
+    /// Every user with the mechanisms and iteration counts of their credentials.
+    pub fn scram_users(&self) -> BTreeMap<String, Vec<(kiln_sasl::Mechanism, u32)>> {
+        self.lock()
+            .scram
+            .iter()
+            .map(|(user, m)| {
+                let list = m.iter().map(|(m, c)| (*m, c.iterations)).collect();
+                (user.clone(), list)
+            })
+            .collect()
     }
 
     pub fn subscribe(&self) -> watch::Receiver<MetadataState> {
@@ -281,6 +316,33 @@ fn apply_command(state: &mut MetadataState, command: Command) {
         }
         Command::Fence { node, boot } => {
             state.fences.insert(node, boot);
+        }
+        Command::ScramCredential {
+            user,
+            mechanism,
+            credential,
+            if_absent,
+        } => {
+            let present = state
+                .scram
+                .get(&user)
+                .is_some_and(|m| m.contains_key(&mechanism));
+            match credential {
+                Some(_) if if_absent && present => {}
+                Some(c) => {
+                    tracing::info!(%user, %mechanism, "SCRAM credential set");
+                    state.scram.entry(user).or_default().insert(mechanism, c);
+                }
+                None => {
+                    if let Some(m) = state.scram.get_mut(&user) {
+                        m.remove(&mechanism);
+                        if m.is_empty() {
+                            state.scram.remove(&user);
+                        }
+                        tracing::info!(%user, %mechanism, "SCRAM credential deleted");
+                    }
+                }
+            }
         }
     }
 }

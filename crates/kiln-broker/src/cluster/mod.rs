@@ -20,6 +20,7 @@ pub mod producer_ids;
 mod register;
 pub mod replica;
 mod topic_changes;
+pub mod users;
 
 pub use topic_changes::{ConfigChange, CONFIG_CHANGES_MAX};
 

@@ -14,6 +14,7 @@ pub mod offsets;
 pub mod partitions;
 pub mod produce;
 mod refuse;
+pub mod users;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -71,6 +72,10 @@ pub fn dispatch(broker: &Arc<Broker>, request: DecodedRequest) -> Reply {
         RequestKind::DescribeCluster(req) => Reply::Now(Box::new(ResponseKind::DescribeCluster(
             metadata::describe_cluster(broker, cluster, req.include_cluster_authorized_operations),
         ))),
+        RequestKind::DescribeUserScramCredentials(req) => Reply::Now(Box::new(
+            ResponseKind::DescribeUserScramCredentials(users::describe(cluster, req)),
+        )),
+        RequestKind::AlterUserScramCredentials(req) => users::alter(cluster, req),
         body => {
             let serving = broker.groups.store().is_serving();
             match refuse::refuse(cluster, serving, &body) {

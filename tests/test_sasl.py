@@ -1,0 +1,287 @@
+"""SASL on the Kafka listener, with real clients (docs/security.md).
+
+One broker with `[tls]` (a server certificate from `kiln certs`, no client certificates) and
+`[sasl]` offering SCRAM-SHA-512, SCRAM-SHA-256 and PLAIN: SASL_SSL. Its first user comes from
+`bootstrap_user` and `bootstrap_password_file`; the others are created through
+AlterUserScramCredentials.
+
+- librdkafka (confluent-kafka), kafka-python and kafkajs produce with SCRAM-SHA-512 on their
+  default producers (idempotent), librdkafka also with SCRAM-SHA-256 and PLAIN, and a SASL
+  consumer reads every record back.
+- A wrong password and an unknown user get SASL_AUTHENTICATION_FAILED (the same message for
+  both), logged with the client's address and never with the password; a request sent before
+  authenticating closes the connection unanswered.
+- confluent-kafka's AdminClient creates a user (the broker stores salted keys only), describes
+  it, the new user logs in with kafka-python, and after the user is deleted it cannot.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import ssl
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from kiln_testlib import Broker, free_port, kiln, rdk_consumer, rdk_producer
+
+JS = Path(__file__).resolve().parent / "js"
+ADMIN_PASSWORD = "bootstrap-secret-7f3a"
+FAILED_DELAY_MS = 200
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("sasl-pki")
+    kiln("certs", "ca", "--dir", str(root / "ca"))
+    kiln("certs", "broker", "--ca-dir", str(root / "ca"), "--node", "0",
+         "--host", "127.0.0.1", "--out", str(root / "certs"))
+    return root
+
+
+def sasl_broker(make_broker, tmp_path: Path, pki: Path) -> Broker:
+    port = free_port()
+    secret = tmp_path / "admin.password"
+    secret.write_text(ADMIN_PASSWORD + "\n")
+    config = tmp_path / "sasl-broker.toml"
+    config.write_text(
+        f'node_id = 0\nlisten = "127.0.0.1:{port}"\ndata_dir = "{tmp_path / "sasl-data"}"\n'
+        f'metrics_listen = "off"\n\n[tls]\n'
+        f'cert_file = "{pki}/certs/node-0.crt"\nkey_file = "{pki}/certs/node-0.key"\n\n'
+        f'[sasl]\nmechanisms = ["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"]\n'
+        f'failed_authentication_delay_ms = {FAILED_DELAY_MS}\n'
+        f'bootstrap_user = "admin"\nbootstrap_password_file = "{secret}"\n')
+    broker = make_broker(port=port, config_path=config)
+    wait_for_login(broker, pki)
+    return broker
+
+
+def rdk_sasl(pki: Path, user: str = "admin", password: str = ADMIN_PASSWORD,
+             mechanism: str = "SCRAM-SHA-512") -> dict:
+    return {
+        "security.protocol": "SASL_SSL",
+        "ssl.ca.location": str(pki / "ca" / "ca.crt"),
+        "sasl.mechanism": mechanism,
+        "sasl.username": user,
+        "sasl.password": password,
+    }
+
+
+def wait_for_login(broker: Broker, pki: Path, timeout_s: float = 20.0) -> None:
+    """The bootstrap user's credential is written through the metadata log a moment after the
+    listener opens: wait until it logs in."""
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka import KafkaException
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        admin = AdminClient({"bootstrap.servers": broker.addr, **rdk_sasl(pki)})
+        try:
+            admin.list_topics(timeout=3)
+            return
+        except KafkaException as e:
+            last = e
+        time.sleep(0.2)
+    raise AssertionError(f"the bootstrap user cannot log in: {last}\n{broker.log_tail()}")
+
+
+def read_all(broker: Broker, pki: Path, topic: str, partitions: int, expected: int,
+             timeout_s: float = 30.0) -> list[str]:
+    from confluent_kafka import TopicPartition
+    c = rdk_consumer(broker, **rdk_sasl(pki))
+    try:
+        c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        values: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        while len(values) < expected and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            assert not m.error(), m.error()
+            values.append(m.value().decode())
+        return values
+    finally:
+        c.close()
+
+
+def auth_errors(broker: Broker, pki: Path, user: str, password: str,
+                mechanism: str = "SCRAM-SHA-512") -> list:
+    """librdkafka with these credentials: the errors its error callback reported while it
+    tried to produce one record (which must not be delivered)."""
+    from confluent_kafka import KafkaError
+    errors: list = []
+    delivered: list = []
+    p = rdk_producer(broker, **rdk_sasl(pki, user, password, mechanism),
+                     error_cb=errors.append, **{"message.timeout.ms": 3000})
+    p.produce("sasl.nodes", value=b"must-not-land",
+              on_delivery=lambda e, m: delivered.append(e))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any(
+            e.code() == KafkaError._AUTHENTICATION for e in errors):
+        p.poll(0.2)
+    p.flush(5)
+    assert all(e is not None for e in delivered), "a record was delivered without authentication"
+    return errors
+
+
+def test_three_clients_produce_and_consume_over_sasl_ssl(make_broker, tmp_path, pki):
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from kafka import KafkaProducer
+
+    broker = sasl_broker(make_broker, tmp_path, pki)
+    admin = AdminClient({"bootstrap.servers": broker.addr, **rdk_sasl(pki)})
+    admin.create_topics([NewTopic("sasl.nodes", 3, 1)])["sasl.nodes"].result(timeout=20)
+
+    # librdkafka's default (idempotent) producer with each mechanism.
+    for mechanism in ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"):
+        errors: list = []
+        p = rdk_producer(broker, **rdk_sasl(pki, mechanism=mechanism))
+        for i in range(20):
+            p.produce("sasl.nodes", key=f"k{i % 4}".encode(), value=f"rdk-{mechanism}-{i}".encode(),
+                      on_delivery=lambda e, m: e and errors.append(e))
+        assert p.flush(30) == 0 and not errors, (mechanism, errors)
+
+    # kafka-python, its default producer (idempotent) over SASL_SSL with SCRAM-SHA-512.
+    kp = KafkaProducer(bootstrap_servers=broker.addr, security_protocol="SASL_SSL",
+                       ssl_cafile=str(pki / "ca" / "ca.crt"), sasl_mechanism="SCRAM-SHA-512",
+                       sasl_plain_username="admin", sasl_plain_password=ADMIN_PASSWORD)
+    for i in range(30):
+        kp.send("sasl.nodes", key=f"k{i % 4}".encode(), value=f"kp-{i}".encode()).get(timeout=20)
+    kp.close()
+
+    # kafkajs, idempotent, SCRAM-SHA-512 over TLS: 4 keys x 5 records.
+    env = {**os.environ,
+           "KILN_TEST_TLS": json.dumps({"ca": str(pki / "ca" / "ca.crt")}),
+           "KILN_TEST_SASL": json.dumps({"mechanism": "scram-sha-512", "username": "admin",
+                                         "password": ADMIN_PASSWORD})}
+    cp = subprocess.run(["node", str(JS / "produce.js"), broker.addr, "sasl.nodes", "idempotent",
+                         "4", "5"], capture_output=True, text=True, timeout=75, env=env,
+                        stdin=subprocess.DEVNULL)
+    out = json.loads(cp.stdout.strip().splitlines()[-1])
+    assert cp.returncode == 0 and "error" not in out, (out, cp.stderr[-4000:])
+    assert not out["problems"], out["problems"]
+
+    values = read_all(broker, pki, "sasl.nodes", 3, 110)
+    for mechanism in ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"):
+        assert sorted(v for v in values if v.startswith(f"rdk-{mechanism}-")) == \
+            sorted(f"rdk-{mechanism}-{i}" for i in range(20)), mechanism
+    assert sorted(v for v in values if v.startswith("kp-")) == sorted(f"kp-{i}" for i in range(30))
+    assert sorted(v for v in values if v.startswith("key-")) == \
+        sorted(f"key-{k}:{s}" for k in range(4) for s in range(5))
+    assert len(values) == 110
+    # No secret reaches the log.
+    assert ADMIN_PASSWORD not in broker.log_text()
+
+
+def metadata_v1_frame() -> bytes:
+    body = (3).to_bytes(2, "big") + (1).to_bytes(2, "big") + (7).to_bytes(4, "big") \
+        + (1).to_bytes(2, "big") + b"t" + (-1).to_bytes(4, "big", signed=True)
+    return len(body).to_bytes(4, "big") + body
+
+
+def test_wrong_passwords_and_unauthenticated_requests_are_refused(make_broker, tmp_path, pki):
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    broker = sasl_broker(make_broker, tmp_path, pki)
+    admin = AdminClient({"bootstrap.servers": broker.addr, **rdk_sasl(pki)})
+    admin.create_topics([NewTopic("sasl.nodes", 1, 1)])["sasl.nodes"].result(timeout=20)
+
+    wrong = "not-the-password-91c2"
+    messages = {}
+    for label, user, password, mechanism in [
+            ("wrong password", "admin", wrong, "SCRAM-SHA-512"),
+            ("unknown user", "mallory", wrong, "SCRAM-SHA-512"),
+            ("wrong password, PLAIN", "admin", wrong, "PLAIN")]:
+        errors = auth_errors(broker, pki, user, password, mechanism)
+        failed = [e for e in errors if e.code() == KafkaError._AUTHENTICATION]
+        assert failed, (label, errors)
+        text = failed[0].str()
+        assert "Authentication failed" in text and "invalid credentials" in text, (label, text)
+        messages[label] = text.split(":", 1)[-1]
+    # An unknown user and a wrong password read the same.
+    assert messages["wrong password"] == messages["unknown user"], messages
+
+    # A request before authenticating: the connection closes, nothing is answered.
+    ctx = ssl.create_default_context(cafile=str(pki / "ca" / "ca.crt"))
+    with socket.create_connection((broker.host, broker.port), timeout=5) as raw:
+        with ctx.wrap_socket(raw, server_hostname=broker.host) as s:
+            s.sendall(metadata_v1_frame())
+            try:
+                got = s.recv(4096)
+            except (ssl.SSLError, OSError):
+                got = b""
+    assert got == b"", got
+
+    deadline = time.monotonic() + 10
+    while True:
+        log = broker.log_text()
+        refusals = [l for l in log.splitlines() if "refused a client: SASL authentication failed" in l]
+        early = [l for l in log.splitlines() if "a request before SASL authentication" in l]
+        if (len(refusals) >= 3 and early) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert len(refusals) >= 3 and early, log[-4000:]
+    assert all("peer=127.0.0.1:" in l for l in refusals + early), refusals + early
+    assert wrong not in log and ADMIN_PASSWORD not in log
+    # The broker still serves authenticated clients.
+    assert read_all(broker, pki, "sasl.nodes", 1, 0, timeout_s=1) == []
+
+
+def test_users_are_created_described_and_deleted_through_the_admin_api(make_broker, tmp_path, pki):
+    from confluent_kafka.admin import (AdminClient, ScramCredentialInfo, ScramMechanism,
+                                       UserScramCredentialDeletion,
+                                       UserScramCredentialUpsertion)
+    from kafka import KafkaProducer
+
+    broker = sasl_broker(make_broker, tmp_path, pki)
+    admin = AdminClient({"bootstrap.servers": broker.addr, **rdk_sasl(pki)})
+    info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
+    futures = admin.alter_user_scram_credentials(
+        [UserScramCredentialUpsertion("agent-7", info, b"agent-seven-pw", b"some-salt-bytes")])
+    futures["agent-7"].result(timeout=20)
+
+    described = admin.describe_user_scram_credentials(["admin", "agent-7"])
+    described = {u: f.result(timeout=20) for u, f in described.items()}
+    mechs = {u: sorted((c.mechanism, c.iterations) for c in d.scram_credential_infos)
+             for u, d in described.items()}
+    assert mechs["agent-7"] == [(ScramMechanism.SCRAM_SHA_512, 8192)], mechs
+    assert sorted(m for m, _ in mechs["admin"]) == sorted(
+        [ScramMechanism.SCRAM_SHA_256, ScramMechanism.SCRAM_SHA_512]), mechs
+
+    # Too few iterations is Kafka's UNACCEPTABLE_CREDENTIAL, and nothing changes.
+    weak = admin.alter_user_scram_credentials([UserScramCredentialUpsertion(
+        "weak", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 1000), b"pw")])
+    with pytest.raises(Exception) as refused:
+        weak["weak"].result(timeout=20)
+    assert "UNACCEPTABLE_CREDENTIAL" in str(refused.value) or "4096" in str(refused.value), \
+        refused.value
+
+    # The new user logs in with another client.
+    def kp_login(password: str):
+        return KafkaProducer(bootstrap_servers=broker.addr, security_protocol="SASL_SSL",
+                             ssl_cafile=str(pki / "ca" / "ca.crt"),
+                             sasl_mechanism="SCRAM-SHA-512", sasl_plain_username="agent-7",
+                             sasl_plain_password=password, request_timeout_ms=5000,
+                             max_block_ms=5000)
+    # kafka-python authenticates while it bootstraps (its constructor probes the broker).
+    kp_login("agent-seven-pw").close()
+
+    # Deleted, it cannot.
+    admin.alter_user_scram_credentials(
+        [UserScramCredentialDeletion("agent-7", ScramMechanism.SCRAM_SHA_512)]
+    )["agent-7"].result(timeout=20)
+    from confluent_kafka import KafkaError
+    errors = auth_errors(broker, pki, "agent-7", "agent-seven-pw")
+    assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), errors
+    # Deleting again names what is missing.
+    again = admin.alter_user_scram_credentials(
+        [UserScramCredentialDeletion("agent-7", ScramMechanism.SCRAM_SHA_512)])
+    with pytest.raises(Exception) as missing:
+        again["agent-7"].result(timeout=20)
+    assert "RESOURCE_NOT_FOUND" in str(missing.value) or "no SCRAM-SHA-512" in str(missing.value), \
+        missing.value
+    assert b"agent-seven-pw".decode() not in broker.log_text()
