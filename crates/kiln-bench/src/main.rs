@@ -26,6 +26,7 @@ mod offsets;
 mod produce;
 mod recovery;
 mod retention;
+mod sasl;
 mod soak;
 
 pub use produce::encode_batch as produce_batch;
@@ -63,6 +64,8 @@ enum Command {
     Idempotence(idempotence::IdempotenceArgs),
     /// `produce` over plain TCP and over mutual TLS, alternated: the throughput ratio.
     Tls(produce::ProduceArgs),
+    /// New connections with and without a SCRAM login: what the login costs.
+    Sasl(sasl::SaslArgs),
     /// Internal: the child process that `recovery` kills.
     #[command(hide = true)]
     RecoveryFill(recovery::FillArgs),
@@ -104,6 +107,7 @@ fn main() -> anyhow::Result<()> {
         Command::Offsets(args) => offsets::run(&cli.dir, &args, &runtime)?,
         Command::Idempotence(args) => idempotence::run(&cli.dir, &args, &runtime)?,
         Command::Tls(args) => runtime.block_on(produce::compare_tls(&cli.dir, &args))?,
+        Command::Sasl(args) => runtime.block_on(sasl::run(&cli.dir, &args))?,
         Command::RecoveryFill(args) => recovery::fill(&args)?,
         Command::All {
             produce: pa,

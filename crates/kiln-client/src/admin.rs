@@ -98,7 +98,7 @@ pub struct CommittedOffset {
 pub struct Cluster {
     bootstrap: String,
     timeout: Duration,
-    tls: Option<tokio_rustls::TlsConnector>,
+    security: crate::Security,
     conns: HashMap<String, Connection>,
 }
 
@@ -108,14 +108,14 @@ impl Cluster {
         Self {
             bootstrap: bootstrap.into(),
             timeout,
-            tls: None,
+            security: crate::Security::default(),
             conns: HashMap::new(),
         }
     }
 
-    /// Every connection uses TLS with `tls` (a `[tls]` listener).
-    pub fn with_tls(mut self, tls: Option<tokio_rustls::TlsConnector>) -> Self {
-        self.tls = tls;
+    /// Every connection uses TLS and logs in as `security` says.
+    pub fn with_security(mut self, security: crate::Security) -> Self {
+        self.security = security;
         self
     }
 
@@ -125,7 +125,7 @@ impl Cluster {
 
     async fn connection(&mut self, address: &str) -> Result<&mut Connection, AdminError> {
         if !self.conns.contains_key(address) {
-            let conn = Connection::connect_with(address, self.timeout, self.tls.as_ref())
+            let conn = Connection::open(address, self.timeout, &self.security)
                 .await
                 .map_err(|source| AdminError::Connect {
                     address: address.to_string(),

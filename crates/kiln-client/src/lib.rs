@@ -9,6 +9,8 @@
 //! group and offset reads that `kiln groups` and the dashboard share.
 
 pub mod admin;
+mod sasl;
+pub use sasl::{SaslLogin, Security};
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -52,6 +54,8 @@ pub enum ClientError {
     UnexpectedResponse(ApiKey),
     #[error("the broker answered ApiVersions with error code {0}")]
     Handshake(i16),
+    #[error("SASL: {0}")]
+    Sasl(String),
     #[error(transparent)]
     Wire(#[from] WireError),
 }

@@ -1,4 +1,4 @@
-//! The `--bootstrap` and `--timeout-s` flags every admin command shares.
+//! The `--bootstrap`, `--timeout-s`, TLS and SASL flags every admin command shares.
 
 use std::time::Duration;
 
@@ -26,6 +26,21 @@ pub struct BrokerAddress {
     /// The client certificate's private key (PEM).
     #[arg(long, global = true, env = "KILN_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<std::path::PathBuf>,
+    /// Log in to a `[sasl]` listener as this user; the password comes from
+    /// --sasl-password-file or the KILN_SASL_PASSWORD variable (never a flag).
+    #[arg(long, global = true, env = "KILN_SASL_USER")]
+    pub sasl_user: Option<String>,
+    /// SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN.
+    #[arg(
+        long,
+        global = true,
+        env = "KILN_SASL_MECHANISM",
+        default_value = "SCRAM-SHA-512"
+    )]
+    pub sasl_mechanism: String,
+    /// File whose first line is the SASL password.
+    #[arg(long, global = true, env = "KILN_SASL_PASSWORD_FILE")]
+    pub sasl_password_file: Option<std::path::PathBuf>,
 }
 
 impl BrokerAddress {
@@ -44,6 +59,43 @@ impl BrokerAddress {
             None => Ok(None),
             Some(ca) => Ok(Some(kiln_tls::client_connector(ca, identity)?)),
         }
+    }
+
+    /// TLS and SASL as the flags ask for.
+    pub fn security(&self) -> anyhow::Result<kiln_client::Security> {
+        Ok(kiln_client::Security {
+            tls: self.tls()?,
+            sasl: self.sasl()?,
+        })
+    }
+
+    fn sasl(&self) -> anyhow::Result<Option<kiln_client::SaslLogin>> {
+        let Some(user) = &self.sasl_user else {
+            if self.sasl_password_file.is_some() {
+                anyhow::bail!("--sasl-password-file needs --sasl-user");
+            }
+            return Ok(None);
+        };
+        let password = match (&self.sasl_password_file, std::env::var("KILN_SASL_PASSWORD")) {
+            (Some(file), _) => {
+                let text = std::fs::read_to_string(file).map_err(|e| {
+                    anyhow::anyhow!("reading --sasl-password-file {}: {e}", file.display())
+                })?;
+                text.lines().next().unwrap_or("").to_string()
+            }
+            (None, Ok(p)) => p,
+            (None, Err(_)) => anyhow::bail!(
+                "--sasl-user {user} needs a password: --sasl-password-file FILE or KILN_SASL_PASSWORD"
+            ),
+        };
+        if password.is_empty() {
+            anyhow::bail!("the SASL password for {user} is empty");
+        }
+        Ok(Some(kiln_client::SaslLogin {
+            mechanism: self.sasl_mechanism.clone(),
+            user: user.clone(),
+            password,
+        }))
     }
 
     /// The wait for any one broker exchange (at least one second).

@@ -69,8 +69,8 @@ enum GroupsCommand {
 
 pub async fn run(args: GroupsArgs) -> anyhow::Result<()> {
     let timeout = args.broker.timeout();
-    let tls = args.broker.tls()?;
-    let mut cluster = Cluster::new(args.broker.bootstrap, timeout).with_tls(tls);
+    let security = args.broker.security()?;
+    let mut cluster = Cluster::new(args.broker.bootstrap, timeout).with_security(security);
     match args.command {
         GroupsCommand::List => list(&mut cluster).await,
         GroupsCommand::Describe { group } => describe(&mut cluster, &group).await,

@@ -18,6 +18,7 @@ mod sim_cmd;
 mod status_cmd;
 mod topic_configs_cmd;
 mod topics_cmd;
+mod users_cmd;
 
 use std::process::ExitCode;
 
@@ -70,6 +71,8 @@ enum Command {
     Sim(sim_cmd::SimArgs),
     /// Make a cluster CA and issue broker and client certificates for TLS.
     Certs(certs_cmd::CertsArgs),
+    /// Create, delete and list SCRAM users of a broker's [sasl] listener.
+    Users(users_cmd::UsersArgs),
 }
 
 fn main() -> ExitCode {
@@ -114,6 +117,7 @@ fn main() -> ExitCode {
             Command::Dashboard(args) => dashboard_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Sim(args) => sim_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Certs(args) => certs_cmd::run(args).map(|()| ExitCode::SUCCESS),
+            Command::Users(args) => users_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
             // Its exit status tells pass, fail and could-not-measure apart.
             Command::Playbook(args) => playbook_cmd::run(args).await,
             Command::Probe(_) => unreachable_probe().map(|()| ExitCode::SUCCESS),

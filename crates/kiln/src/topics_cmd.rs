@@ -61,8 +61,8 @@ enum TopicsCommand {
 
 pub async fn run(args: TopicsArgs) -> anyhow::Result<()> {
     let timeout = args.broker.timeout();
-    let tls = args.broker.tls()?;
-    let mut conn = Connection::connect_with(&args.broker.bootstrap, timeout, tls.as_ref())
+    let security = args.broker.security()?;
+    let mut conn = Connection::open(&args.broker.bootstrap, timeout, &security)
         .await
         .with_context(|| format!("connecting to {}", args.broker.bootstrap))?;
     // Topic changes go to the controller (in a cluster, other brokers refuse them).
@@ -70,7 +70,7 @@ pub async fn run(args: TopicsArgs) -> anyhow::Result<()> {
         args.command,
         TopicsCommand::Create { .. } | TopicsCommand::Delete { .. } | TopicsCommand::Alter { .. }
     ) {
-        conn = connect_controller(conn, timeout, tls.as_ref()).await?;
+        conn = connect_controller(conn, timeout, &security).await?;
     }
     match args.command {
         TopicsCommand::Create {
@@ -102,10 +102,10 @@ pub async fn run(args: TopicsArgs) -> anyhow::Result<()> {
 
 /// The connection to the controller named in Metadata, or `conn` itself when it is the
 /// controller (always so for a standalone broker) or none is named.
-async fn connect_controller(
+pub(crate) async fn connect_controller(
     mut conn: Connection,
     timeout: Duration,
-    tls: Option<&kiln_tls::TlsConnector>,
+    security: &kiln_client::Security,
 ) -> anyhow::Result<Connection> {
     let response = metadata(&mut conn, timeout, None).await?;
     let controller = response.controller_id;
@@ -121,7 +121,7 @@ async fn connect_controller(
     if response.brokers.len() == 1 {
         return Ok(conn);
     }
-    Connection::connect_with(&address, timeout, tls)
+    Connection::open(&address, timeout, security)
         .await
         .with_context(|| {
             format!(
