@@ -119,7 +119,8 @@ def auth_errors(broker: Broker, pki: Path, user: str, password: str,
                      error_cb=errors.append, **{"message.timeout.ms": 3000})
     p.produce("sasl.nodes", value=b"must-not-land",
               on_delivery=lambda e, m: delivered.append(e))
-    deadline = time.monotonic() + 10
+    # Each failure of this address doubles the broker's wait (up to 32 x FAILED_DELAY_MS).
+    deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not any(
             e.code() == KafkaError._AUTHENTICATION for e in errors):
         p.poll(0.2)

@@ -77,9 +77,9 @@ pub struct SaslSettings {
     /// Offered in SaslHandshake, in this order: any of "SCRAM-SHA-512", "SCRAM-SHA-256",
     /// "PLAIN". PLAIN sends the password itself: offer it only with `[tls]`.
     pub mechanisms: Vec<String>,
-    /// A failed authentication is answered after this long, then the connection is closed:
-    /// each guess costs an attacker this much per connection (Kafka's
-    /// connection.failed.authentication.delay.ms).
+    /// A failed authentication is answered after this long, doubled for each recent failure
+    /// of the same client address up to 30 s, then the connection is closed (Kafka's
+    /// connection.failed.authentication.delay.ms, which does not grow). At most 30,000.
     pub failed_authentication_delay_ms: u64,
     /// Longest a client may take from its first request to the end of authentication; its
     /// connection slot is held meanwhile.
@@ -480,8 +480,11 @@ impl BrokerConfig {
         }
         if let Some(sasl) = &self.sasl {
             sasl.parsed_mechanisms()?;
-            if sasl.failed_authentication_delay_ms > 60_000 || sasl.authentication_timeout_ms == 0 {
-                return Err("sasl.failed_authentication_delay_ms must be at most 60000 and sasl.authentication_timeout_ms above 0".into());
+            let delay_max_ms = crate::login_failures::DELAY_MAX.as_millis();
+            if u128::from(sasl.failed_authentication_delay_ms) > delay_max_ms
+                || sasl.authentication_timeout_ms == 0
+            {
+                return Err(format!("sasl.failed_authentication_delay_ms must be at most {delay_max_ms} and sasl.authentication_timeout_ms above 0"));
             }
             sasl.bootstrap()?;
         }
@@ -622,6 +625,52 @@ mod tests {
             }],
             ..ClusterSettings::default()
         }
+    }
+
+    #[test]
+    fn bad_sasl_settings_are_refused_with_the_setting_named() {
+        let refused = |sasl: SaslSettings| {
+            BrokerConfig {
+                sasl: Some(sasl),
+                ..BrokerConfig::default()
+            }
+            .validate()
+            .unwrap_err()
+        };
+        let e = refused(SaslSettings {
+            mechanisms: vec!["SCRAM-SHA-1".into()],
+            ..SaslSettings::default()
+        });
+        assert!(e.contains("\"SCRAM-SHA-1\" is not one of"), "{e}");
+        let e = refused(SaslSettings {
+            mechanisms: vec![],
+            ..SaslSettings::default()
+        });
+        assert!(e.contains("sasl.mechanisms is empty"), "{e}");
+        let e = refused(SaslSettings {
+            failed_authentication_delay_ms: 30_001,
+            ..SaslSettings::default()
+        });
+        assert!(e.contains("at most 30000"), "{e}");
+        let e = refused(SaslSettings {
+            bootstrap_user: Some("admin".into()),
+            ..SaslSettings::default()
+        });
+        assert!(e.contains("go together"), "{e}");
+        let e = refused(SaslSettings {
+            bootstrap_user: Some("admin".into()),
+            bootstrap_password_file: Some("/nonexistent/admin.password".into()),
+            ..SaslSettings::default()
+        });
+        assert!(e.contains("/nonexistent/admin.password"), "{e}");
+        let defaults = SaslSettings::default().parsed_mechanisms().unwrap();
+        assert_eq!(
+            defaults,
+            [
+                SaslMechanism::Scram(kiln_sasl::Mechanism::ScramSha512),
+                SaslMechanism::Scram(kiln_sasl::Mechanism::ScramSha256)
+            ]
+        );
     }
 
     #[test]

@@ -16,6 +16,7 @@ mod errors;
 pub mod groups;
 mod handlers;
 mod identity;
+mod login_failures;
 mod metrics;
 mod retention;
 mod sasl;

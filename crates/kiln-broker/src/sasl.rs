@@ -5,7 +5,8 @@
 //! served before that: any other request closes the connection unanswered, as Kafka does (a
 //! client that skips authentication is misconfigured, and no error response would be read as
 //! "authenticate first"). A failed authentication is answered with SASL_AUTHENTICATION_FAILED
-//! after `failed_authentication_delay_ms`, then the connection closes, so every guess costs a
+//! after `failed_authentication_delay_ms`, doubled for each recent failure of the client's
+//! address (`login_failures.rs`), then the connection closes, so every guess costs a
 //! connection and that delay. Without `[sasl]`, SaslHandshake is answered
 //! UNSUPPORTED_SASL_MECHANISM with no mechanisms, and the connection stays as it was.
 
@@ -26,7 +27,8 @@ use crate::config::{SaslMechanism, SaslSettings};
 /// The listener's SASL settings, parsed once.
 pub struct SaslListener {
     mechanisms: Vec<SaslMechanism>,
-    pub failed_delay: Duration,
+    /// Per client address: how long each failed login waits (`login_failures.rs`).
+    failures: crate::login_failures::LoginFailures,
     pub authentication_timeout: Duration,
     /// Seeds unknown users' decoy salts (`kiln_sasl::ScramServer`); drawn at start.
     decoy_secret: Vec<u8>,
@@ -39,7 +41,9 @@ impl SaslListener {
             .map_err(|_| "the system's random source failed".to_string())?;
         Ok(SaslListener {
             mechanisms: settings.parsed_mechanisms()?,
-            failed_delay: Duration::from_millis(settings.failed_authentication_delay_ms),
+            failures: crate::login_failures::LoginFailures::new(Duration::from_millis(
+                settings.failed_authentication_delay_ms,
+            )),
             authentication_timeout: Duration::from_millis(settings.authentication_timeout_ms),
             decoy_secret,
         })
@@ -217,7 +221,10 @@ impl Session {
             Err(e) => {
                 // The user name is not logged: a client that typed its password into the user
                 // field would leave it in the log.
-                tracing::warn!(%peer, mechanism, error = %e, "refused a client: SASL authentication failed");
+                let delay = listener
+                    .failures
+                    .failed(peer.ip(), std::time::Instant::now());
+                tracing::warn!(%peer, mechanism, error = %e, answer_after = ?delay, "refused a client: SASL authentication failed");
                 let message = match e {
                     SaslError::Failed => format!(
                         "Authentication failed: invalid credentials with SASL mechanism {mechanism}"
@@ -231,7 +238,7 @@ impl Session {
                             .with_error_code(ResponseError::SaslAuthenticationFailed.code())
                             .with_error_message(Some(StrBytes::from_string(message))),
                     ),
-                    listener.failed_delay,
+                    delay,
                 )
             }
         }
