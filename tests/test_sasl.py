@@ -13,6 +13,9 @@ AlterUserScramCredentials.
   authenticating closes the connection unanswered.
 - confluent-kafka's AdminClient creates a user (the broker stores salted keys only), describes
   it, the new user logs in with kafka-python, and after the user is deleted it cannot.
+- `kiln users` creates, lists and deletes users; a user who is not a super user may not manage
+  users (CLUSTER_AUTHORIZATION_FAILED); `kiln topics` and `kiln groups` log in with each
+  mechanism.
 """
 from __future__ import annotations
 
@@ -309,6 +312,13 @@ def test_kiln_users_and_topics_over_sasl_ssl(make_broker, tmp_path, pki):
     kiln("topics", "create", "sasl.cli", "--partitions", "2", *as_agent)
     assert "sasl.cli" in kiln("topics", "list", *as_agent, "--sasl-mechanism", "SCRAM-SHA-256").stdout
     kiln("groups", "list", *as_agent, "--sasl-mechanism", "PLAIN")
+
+    # agent-9 is no super user: it may not list, make or change users (nor admin's password).
+    for cmd in (["users", "list"], ["users", "create", "admin", "--password-file", str(new_pw)]):
+        cp = kiln(*cmd, *as_agent, check=False)
+        assert cp.returncode != 0 and "only a super user may manage SCRAM users" in cp.stderr, \
+            (cmd, cp.stderr)
+    kiln("topics", "list", *as_admin)  # admin's password is unchanged
 
     # A wrong password: the command fails and says why.
     wrong = tmp_path / "wrong.pw"

@@ -89,6 +89,11 @@ pub struct SaslSettings {
     pub bootstrap_user: Option<String>,
     /// The bootstrap user's password: the file's first line.
     pub bootstrap_password_file: Option<PathBuf>,
+    /// Users who may create, change, delete and list SCRAM users (Describe- and
+    /// AlterUserScramCredentials); the bootstrap user always may. Everyone else is answered
+    /// CLUSTER_AUTHORIZATION_FAILED, so an agent's account cannot make accounts or change an
+    /// operator's password.
+    pub super_users: Vec<String>,
 }
 
 impl Default for SaslSettings {
@@ -99,6 +104,19 @@ impl Default for SaslSettings {
             authentication_timeout_ms: 10_000,
             bootstrap_user: None,
             bootstrap_password_file: None,
+            super_users: Vec::new(),
+        }
+    }
+}
+
+/// A password file that users other than its owner may read is logged (not refused: the
+/// site's deployment tooling decides modes, and a refusal would stop a broker on upgrade).
+fn warn_if_others_may_read(file: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(file) {
+        let mode = meta.permissions().mode();
+        if mode & 0o077 != 0 {
+            tracing::warn!(file = %file.display(), mode = format!("{:o}", mode & 0o777), "the SASL bootstrap password file is readable by other users; chmod 600 it");
         }
     }
 }
@@ -148,6 +166,7 @@ impl SaslSettings {
                     .map_err(|e| format!("sasl.bootstrap_user: {e}"))?;
                 let text = std::fs::read_to_string(file)
                     .map_err(|e| format!("sasl.bootstrap_password_file {}: {e}", file.display()))?;
+                warn_if_others_may_read(file);
                 let password = text.lines().next().unwrap_or("");
                 if password.is_empty() || password.len() > kiln_sasl::PASSWORD_BYTES_MAX {
                     return Err(format!(

@@ -120,6 +120,19 @@ where
                 Some(session.authenticate(&broker.cluster, req, peer))
             }
             RequestKind::ApiVersions(_) => None,
+            RequestKind::DescribeUserScramCredentials(_)
+            | RequestKind::AlterUserScramCredentials(_)
+                if session.may_serve() && !session.may_manage_users() =>
+            {
+                tracing::warn!(%peer, principal = session.principal(), ?api_key, "refused: only a super user may manage SCRAM users");
+                if let Some(body) = handlers::users::refuse(&request.body) {
+                    if !send_ready(&slots_tx, encode(body)).await {
+                        break;
+                    }
+                    continue;
+                }
+                None
+            }
             _ if !session.may_serve() => {
                 tracing::warn!(%peer, ?api_key, "closing connection: a request before SASL authentication");
                 break;

@@ -30,6 +30,8 @@ pub struct SaslListener {
     /// Per client address: how long each failed login waits (`login_failures.rs`).
     failures: crate::login_failures::LoginFailures,
     pub authentication_timeout: Duration,
+    /// Who may manage SCRAM users: `super_users` and the bootstrap user.
+    super_users: Vec<String>,
     /// Seeds unknown users' decoy salts (`kiln_sasl::ScramServer`); drawn at start.
     decoy_secret: Vec<u8>,
 }
@@ -41,6 +43,12 @@ impl SaslListener {
             .map_err(|_| "the system's random source failed".to_string())?;
         Ok(SaslListener {
             mechanisms: settings.parsed_mechanisms()?,
+            super_users: settings
+                .super_users
+                .iter()
+                .chain(settings.bootstrap_user.iter())
+                .cloned()
+                .collect(),
             failures: crate::login_failures::LoginFailures::new(Duration::from_millis(
                 settings.failed_authentication_delay_ms,
             )),
@@ -105,6 +113,18 @@ impl Session {
         match &self.state {
             State::Authenticated(p) => Some(p),
             _ => None,
+        }
+    }
+
+    /// Whether this connection may manage SCRAM users: any connection of a listener without
+    /// `[sasl]` (nobody is authenticated there), else a super user's.
+    pub fn may_manage_users(&self) -> bool {
+        match (&self.listener, &self.state) {
+            (None, _) => true,
+            (Some(l), State::Authenticated(principal)) => principal
+                .strip_prefix("User:")
+                .is_some_and(|user| l.super_users.iter().any(|s| s == user)),
+            (Some(_), _) => false,
         }
     }
 

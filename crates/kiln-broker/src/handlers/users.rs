@@ -83,6 +83,46 @@ pub fn describe(
     DescribeUserScramCredentialsResponse::default().with_results(results)
 }
 
+/// The answer to a principal that may not manage users: CLUSTER_AUTHORIZATION_FAILED, for
+/// the request as a whole (Describe) or for every user it names (Alter).
+pub fn refuse(body: &kafka_protocol::messages::RequestKind) -> Option<ResponseKind> {
+    use kafka_protocol::messages::RequestKind;
+    let code = ResponseError::ClusterAuthorizationFailed.code();
+    let message = || {
+        Some(StrBytes::from_static_str(
+            "only a super user may manage SCRAM users",
+        ))
+    };
+    match body {
+        RequestKind::DescribeUserScramCredentials(_) => {
+            Some(ResponseKind::DescribeUserScramCredentials(
+                DescribeUserScramCredentialsResponse::default()
+                    .with_error_code(code)
+                    .with_error_message(message()),
+            ))
+        }
+        RequestKind::AlterUserScramCredentials(r) => {
+            let users = r
+                .deletions
+                .iter()
+                .map(|d| d.name.clone())
+                .chain(r.upsertions.iter().map(|u| u.name.clone()));
+            let results = users
+                .map(|user| {
+                    AlterUserScramCredentialsResult::default()
+                        .with_user(user)
+                        .with_error_code(code)
+                        .with_error_message(message())
+                })
+                .collect();
+            Some(ResponseKind::AlterUserScramCredentials(
+                AlterUserScramCredentialsResponse::default().with_results(results),
+            ))
+        }
+        _ => None,
+    }
+}
+
 pub fn alter(cluster: &Arc<Cluster>, request: AlterUserScramCredentialsRequest) -> Reply {
     let cluster = cluster.clone();
     Reply::Later(Box::pin(async move {
