@@ -115,7 +115,7 @@ where
             }
         };
         let next = match &request.body {
-            RequestKind::SaslHandshake(req) => Some(session.handshake(req)),
+            RequestKind::SaslHandshake(req) => Some(session.handshake(&broker.cluster, req)),
             RequestKind::SaslAuthenticate(req) => {
                 Some(session.authenticate(&broker.cluster, req, peer))
             }

@@ -32,7 +32,8 @@ pub struct SaslListener {
     pub authentication_timeout: Duration,
     /// Who may manage SCRAM users: `super_users` and the bootstrap user.
     super_users: Vec<String>,
-    /// Seeds unknown users' decoy salts (`kiln_sasl::ScramServer`); drawn at start.
+    /// Seeds unknown users' decoy salts (`kiln_sasl::ScramServer`) until the cluster's own
+    /// secret is in the metadata log (`Cluster::scram_decoy_secret`); drawn at start.
     decoy_secret: Vec<u8>,
 }
 
@@ -141,7 +142,7 @@ impl Session {
         }
     }
 
-    pub fn handshake(&mut self, request: &SaslHandshakeRequest) -> Next {
+    pub fn handshake(&mut self, cluster: &Cluster, request: &SaslHandshakeRequest) -> Next {
         let Some(listener) = self.listener.clone() else {
             return Next::Answer(SaslAnswer::Handshake(
                 SaslHandshakeResponse::default()
@@ -168,7 +169,10 @@ impl Session {
         match chosen {
             Some(SaslMechanism::Plain) => self.state = State::Plain,
             Some(SaslMechanism::Scram(m)) => {
-                self.state = State::Scram(Box::new(ScramServer::new(m, &listener.decoy_secret)));
+                let secret = cluster
+                    .scram_decoy_secret()
+                    .unwrap_or_else(|| listener.decoy_secret.clone());
+                self.state = State::Scram(Box::new(ScramServer::new(m, &secret)));
             }
             None => {
                 tracing::info!(

@@ -299,14 +299,17 @@ impl BoundBroker {
             metrics_listener.map(|l| tokio::spawn(metrics::serve(l, broker.clone())));
         let reload_task = tokio::spawn(reload_tls_on_sighup(broker.clone()));
         let bootstrap_user = match broker.config.sasl.as_ref().map(|s| s.bootstrap()) {
-            Some(Ok(Some((user, password)))) => {
+            Some(Ok(bootstrap)) => {
                 let cluster = broker.cluster.clone();
                 Some(tokio::spawn(async move {
-                    cluster.bootstrap_user(user, password).await
+                    cluster.ensure_scram_decoy_secret().await;
+                    if let Some((user, password)) = bootstrap {
+                        cluster.bootstrap_user(user, password).await
+                    }
                 }))
             }
             Some(Err(e)) => anyhow::bail!("[sasl]: {e}"),
-            _ => None,
+            None => None,
         };
         if broker.config.cluster.is_none() {
             wait_until_ready_alone(&broker).await;

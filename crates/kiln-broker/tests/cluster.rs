@@ -57,6 +57,11 @@ impl Cluster {
 
     /// Configures three brokers and starts those in `ids`, together.
     async fn start_these(ids: &[i32]) -> Cluster {
+        Cluster::start_configured(ids, |_| {}).await
+    }
+
+    /// As `start_these`, with `adjust` applied to every broker's settings.
+    async fn start_configured(ids: &[i32], adjust: impl Fn(&mut BrokerConfig)) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let cuts = Arc::new(LinkCuts::default());
         let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
@@ -86,6 +91,10 @@ impl Cluster {
                     ..ClusterSettings::default()
                 }),
                 ..BrokerConfig::default()
+            })
+            .map(|mut c| {
+                adjust(&mut c);
+                c
             })
             .collect();
         // Started together: a broker on a new data directory waits for a peer to confirm that
@@ -921,4 +930,57 @@ async fn a_scram_user_created_at_any_broker_is_known_to_every_broker_and_survive
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// The server-first message a broker answers an unknown user's SCRAM client-first with.
+async fn server_first_for(conn: &mut Connection, user: &str) -> String {
+    let handshake =
+        SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("SCRAM-SHA-512"));
+    match conn
+        .call(RequestKind::SaslHandshake(handshake), T)
+        .await
+        .unwrap()
+    {
+        ResponseKind::SaslHandshake(r) => assert_eq!(r.error_code, 0),
+        other => panic!("{other:?}"),
+    }
+    let first = format!("n,,n={user},r=fixed-client-nonce");
+    let request = SaslAuthenticateRequest::default().with_auth_bytes(first.into_bytes().into());
+    match conn
+        .call(RequestKind::SaslAuthenticate(request), T)
+        .await
+        .unwrap()
+    {
+        ResponseKind::SaslAuthenticate(r) => {
+            assert_eq!(r.error_code, 0);
+            String::from_utf8(r.auth_bytes.to_vec()).unwrap()
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_broker_gives_an_unknown_user_the_same_decoy_salt() {
+    let cluster = Cluster::start_configured(&[1, 2, 3], |c| {
+        c.sasl = Some(kiln_broker::config::SaslSettings::default());
+    })
+    .await;
+    cluster
+        .until("every broker to hold the cluster's decoy secret", |c| {
+            let secrets: Vec<_> = c
+                .live()
+                .map(|b| b.broker.cluster.scram_decoy_secret())
+                .collect();
+            (secrets[0].is_some() && secrets.iter().all(|s| *s == secrets[0])).then_some(())
+        })
+        .await;
+    let mut salts = Vec::new();
+    for id in [1, 2, 3] {
+        let mut conn = cluster.by_id(id).connect().await;
+        let first = server_first_for(&mut conn, "ghost").await;
+        // r=<client nonce><server nonce>,s=<salt>,i=<iterations>
+        let salt = first.split(",s=").nth(1).unwrap().to_string();
+        salts.push(salt);
+    }
+    assert!(salts.iter().all(|s| *s == salts[0]), "{salts:?}");
 }

@@ -10,8 +10,8 @@
 //!
 //! Every message is bounded before it is parsed (`MESSAGE_BYTES_MAX`, `USER_BYTES_MAX`), and a
 //! failed exchange says no more to the client than "authentication failed": an unknown user
-//! goes through the same steps as a wrong password, with a salt derived from a per-broker
-//! secret so the salt does not tell the two apart either.
+//! goes through the same steps as a wrong password, with a salt derived from a secret the
+//! caller keeps (Kiln: one per cluster) so the salt does not tell the two apart either.
 
 mod credential;
 mod plain;

@@ -75,6 +75,11 @@ pub enum Command {
         credential: Option<kiln_sasl::ScramCredential>,
         if_absent: bool,
     },
+    /// The secret every broker derives unknown users' decoy salts from (`cluster/users.rs`),
+    /// hex; the first one applied wins.
+    ScramDecoySecret {
+        secret: String,
+    },
 }
 
 /// One RecordBatch v2 holding `command` as its only record.
@@ -165,6 +170,9 @@ pub struct MetadataState {
     /// a password.
     #[serde(default)]
     pub scram: BTreeMap<String, BTreeMap<kiln_sasl::Mechanism, kiln_sasl::ScramCredential>>,
+    /// Hex of the cluster's SCRAM decoy secret, once a controller with `[sasl]` drew it.
+    #[serde(default)]
+    pub scram_decoy_secret: Option<String>,
     /// The Kafka offset after the last applied record: the controller waits for its own
     /// commands to pass it.
     pub applied_offset: i64,
@@ -206,6 +214,11 @@ impl MetadataTable {
         mechanism: kiln_sasl::Mechanism,
     ) -> Option<kiln_sasl::ScramCredential> {
         self.lock().scram.get(user)?.get(&mechanism).cloned()
+    }
+
+    /// The cluster's SCRAM decoy secret, once applied.
+    pub fn scram_decoy_secret(&self) -> Option<String> {
+        self.lock().scram_decoy_secret.clone()
     }
 
     /// Every user with the mechanisms and iteration counts of their credentials.
@@ -316,6 +329,11 @@ fn apply_command(state: &mut MetadataState, command: Command) {
         }
         Command::Fence { node, boot } => {
             state.fences.insert(node, boot);
+        }
+        Command::ScramDecoySecret { secret } => {
+            if state.scram_decoy_secret.is_none() {
+                state.scram_decoy_secret = Some(secret);
+            }
         }
         Command::ScramCredential {
             user,

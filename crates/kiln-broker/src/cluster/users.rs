@@ -7,6 +7,11 @@
 //! controls the cluster proposes that credential, for every SCRAM mechanism, when the user has
 //! none (an `if_absent` command, so brokers that race each other change nothing). A password
 //! changed later through the API is not overwritten.
+//!
+//! The decoy secret: an unknown user is answered with a salt derived from it (kiln-sasl), so
+//! it must be the same on every broker, or asking two brokers would tell a real user (same
+//! salt everywhere) from an unknown one. The controller draws it once (`ScramDecoySecret`,
+//! first one applied wins).
 
 use std::time::Duration;
 
@@ -107,6 +112,46 @@ impl Cluster {
             }
         };
         self.propose(&command).await
+    }
+
+    /// The secret this cluster's brokers derive unknown users' decoy salts from, once the
+    /// metadata log holds one (`None` before: a broker then uses its own, drawn at start).
+    /// One secret for all brokers, so asking two brokers about an unknown user gets the same
+    /// salt, as it would for a real one.
+    pub fn scram_decoy_secret(&self) -> Option<Vec<u8>> {
+        let hex = self.metadata_table.scram_decoy_secret()?;
+        let bytes: Option<Vec<u8>> = (0..hex.len())
+            .step_by(2)
+            .map(|i| {
+                hex.get(i..i + 2)
+                    .and_then(|b| u8::from_str_radix(b, 16).ok())
+            })
+            .collect();
+        bytes.filter(|b| !b.is_empty())
+    }
+
+    /// Runs until the metadata log holds a decoy secret: the controller draws and proposes
+    /// one.
+    pub async fn ensure_scram_decoy_secret(&self) {
+        while self.metadata_table.scram_decoy_secret().is_none() {
+            if self.metadata.is_leader() {
+                let mut secret = [0u8; 32];
+                if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret)
+                    .is_err()
+                {
+                    tracing::error!("the system's random source failed; no cluster decoy secret");
+                    return;
+                }
+                let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+                if let Err(e) = self
+                    .propose(&Command::ScramDecoySecret { secret: hex })
+                    .await
+                {
+                    tracing::debug!(error = %e, "decoy secret not proposed yet; retrying");
+                }
+            }
+            tokio::time::sleep(BOOTSTRAP_POLL).await;
+        }
     }
 
     /// Runs until the bootstrap user has a credential for every SCRAM mechanism: proposes the
