@@ -175,8 +175,10 @@ impl Session {
                 self.state = State::Scram(Box::new(ScramServer::new(m, &secret)));
             }
             None => {
+                // The client's text, quoted and cut: a log line must not be theirs to shape.
+                let shown: String = asked.chars().take(64).collect();
                 tracing::info!(
-                    mechanism = asked,
+                    mechanism = ?shown,
                     "refused a SASL mechanism that is not offered"
                 );
                 return Next::AnswerAndClose(
