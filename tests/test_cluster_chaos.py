@@ -353,6 +353,18 @@ def percentile(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))]
 
 
+def high_watermark(cluster, p: int, deadline: float) -> int:
+    """Partition p's high watermark from its leader. A leader whose term has no committed entry
+    yet answers OFFSET_NOT_AVAILABLE (retriable, as Kafka does): asked again until `deadline`."""
+    while True:
+        try:
+            return watermarks(cluster, TOPIC, p)[1]
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.OFFSET_NOT_AVAILABLE or time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
+
+
 @pytest.mark.timeout(TIMEOUT_S)
 def test_leaders_killed_and_paused_lose_no_acknowledged_record(cluster):
     print(f"seed={SEED} kills={KILLS} (rerun with KILN_CHAOS_SEED={SEED} KILN_CHAOS_KILLS={KILLS})")
@@ -433,7 +445,7 @@ def test_leaders_killed_and_paused_lose_no_acknowledged_record(cluster):
 
     # The tailing consumer catches up with the final log, then stops.
     cluster.assert_alive()
-    hws = {p: watermarks(cluster, TOPIC, p)[1] for p in range(PARTITIONS)}
+    hws = {p: high_watermark(cluster, p, time.monotonic() + 15) for p in range(PARTITIONS)}
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and any(
             (p, hw - 1) not in tail.seen for p, hw in hws.items() if hw > 0):
@@ -544,7 +556,7 @@ def test_leaders_killed_and_paused_lose_no_acknowledged_record(cluster):
         # A new leader knows the commit index once an entry of its own term is committed:
         # its high watermark may lag for a moment, but must reach the old one.
         deadline = time.monotonic() + 15
-        while (hw_new := watermarks(cluster, TOPIC, p)[1]) < hws[p] and time.monotonic() < deadline:
+        while (hw_new := high_watermark(cluster, p, deadline)) < hws[p] and time.monotonic() < deadline:
             time.sleep(0.1)
         assert hw_new >= hws[p], (f"{tag} p{p}: high watermark {hw_new} on new leader {new_leader}, "
                                   f"{hws[p]} before its predecessor {victim} was killed")

@@ -49,6 +49,43 @@ fn keygen(path: &Path) {
 static PORTS_TAKEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
     std::sync::Mutex::new(std::collections::BTreeSet::new());
 
+/// A port no other test of this binary was given: tests run in parallel threads, and two that
+/// drew the same port would find each other's sshd listening, and one would lose it when the
+/// other ends.
+fn free_port() -> u16 {
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let mut taken = PORTS_TAKEN.lock().unwrap_or_else(|p| p.into_inner());
+        if taken.insert(port) {
+            return port;
+        }
+    }
+}
+
+/// Waits until the sshd `child` answers on `port` with its banner (a connection alone could
+/// reach some other socket that took the port); false if it exited first.
+fn wait_listening(child: &mut std::process::Child, port: u16) -> bool {
+    use std::io::Read;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            return false;
+        }
+        if let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+            let mut banner = [0u8; 4];
+            if stream.read_exact(&mut banner).is_ok() && &banner == b"SSH-" {
+                return true;
+            }
+        }
+        assert!(Instant::now() < deadline, "sshd did not listen within 10 s");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
 impl Sshd {
     fn start() -> Option<Sshd> {
         let bin = std::env::var_os("KILN_SSHD")
@@ -75,49 +112,41 @@ impl Sshd {
         keygen(&p("host_key"));
         keygen(&p("client_key"));
         std::fs::copy(p("client_key.pub"), p("authorized_keys")).expect("authorized_keys");
-        // Tests run in parallel threads: two that drew the same free port would find each
-        // other's sshd listening, and one would lose it when the other ends.
-        let port = loop {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .expect("free port")
-                .port();
-            let mut taken = PORTS_TAKEN.lock().unwrap_or_else(|p| p.into_inner());
-            if taken.insert(port) {
-                break port;
+        // sshd may lose its port before it binds (another thread's probe for a free port can
+        // be handed the same one): then it exits, and it is started again on another port.
+        for _attempt in 0..5 {
+            let port = free_port();
+            let config = format!(
+                "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nPidFile {}\nAuthorizedKeysFile {}\n\
+                 PasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\n\
+                 PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\nMaxSessions 20\n\
+                 MaxStartups 50\nLogLevel ERROR\n",
+                p("host_key").display(),
+                p("sshd.pid").display(),
+                p("authorized_keys").display()
+            );
+            std::fs::write(p("sshd_config"), config).expect("config");
+            let child = Command::new(&bin)
+                .args(["-D", "-e", "-f"])
+                .arg(p("sshd_config"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(p("sshd.log")).expect("log"))
+                .spawn()
+                .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+            let mut child = child;
+            if wait_listening(&mut child, port) {
+                return Some(Sshd { child, port, dir });
             }
-        };
-        let config = format!(
-            "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nPidFile {}\nAuthorizedKeysFile {}\n\
-             PasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\n\
-             PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\nMaxSessions 20\n\
-             MaxStartups 50\nLogLevel ERROR\n",
-            p("host_key").display(),
-            p("sshd.pid").display(),
-            p("authorized_keys").display()
-        );
-        std::fs::write(p("sshd_config"), config).expect("config");
-        let child = Command::new(&bin)
-            .args(["-D", "-e", "-f"])
-            .arg(p("sshd_config"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(p("sshd.log")).expect("log"))
-            .spawn()
-            .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
-        let mut s = Sshd { child, port, dir };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Ok(Some(st)) = s.child.try_wait() {
-                panic!(
-                    "sshd exited {st}: {}",
-                    std::fs::read_to_string(s.path("sshd.log")).unwrap_or_default()
-                );
-            }
-            assert!(Instant::now() < deadline, "sshd did not listen within 10 s");
-            std::thread::sleep(Duration::from_millis(25));
+            let _ = child.wait();
+            eprintln!(
+                "sshd on port {port} exited before serving ({}); trying another port",
+                std::fs::read_to_string(p("sshd.log"))
+                    .unwrap_or_default()
+                    .trim()
+            );
         }
-        Some(s)
+        panic!("sshd did not start on any of five ports");
     }
 
     fn path(&self, name: &str) -> PathBuf {
