@@ -811,10 +811,26 @@ async fn a_broker_cut_off_from_its_peers_stops_serving_what_it_led() {
         .await;
     drop((to_leader, to_next));
 
-    // The group coordinator is cut off.
-    let coordinator = serving_coordinator(&cluster, -1).await;
-    let mut to_coordinator = cluster.by_id(coordinator).connect().await;
-    assert_eq!(commit(&mut to_coordinator, "g", "cut", 3).await, 0);
+    // The group coordinator is cut off. Right after the heal the offsets group may still be
+    // settling (a coordinator whose write is refused answers COORDINATOR_NOT_AVAILABLE, which
+    // clients retry): the first commit is retried as a client would.
+    let retriable = [
+        ResponseError::CoordinatorNotAvailable.code(),
+        ResponseError::CoordinatorLoadInProgress.code(),
+        ResponseError::NotCoordinator.code(),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (coordinator, mut to_coordinator) = loop {
+        let coordinator = serving_coordinator(&cluster, -1).await;
+        let mut conn = cluster.by_id(coordinator).connect().await;
+        let code = commit(&mut conn, "g", "cut", 3).await;
+        if code == 0 {
+            break (coordinator, conn);
+        }
+        assert!(retriable.contains(&code), "commit refused with {code}");
+        assert!(Instant::now() < deadline, "no coordinator took the commit");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     cluster.cuts.isolate(coordinator as u64);
     let cut_at = Instant::now();
     cluster
