@@ -355,6 +355,28 @@ def watermarks(broker: Broker, topic: str, partition: int, consumer=None) -> tup
             c.close()
 
 
+def read_values(broker: Broker, topic: str, partitions: int, expected: int,
+                timeout_s: float = 30.0, **conf) -> list[str]:
+    """Values of every partition of `topic` from offset 0, read with an assigned librdkafka
+    consumer (`conf` adds settings: TLS, SASL) until `expected` arrived or `timeout_s` passed.
+    Fails on any consumer error."""
+    from confluent_kafka import TopicPartition
+    c = rdk_consumer(broker, **conf)
+    try:
+        c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        values: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        while len(values) < expected and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            assert not m.error(), m.error()
+            values.append(m.value().decode())
+        return values
+    finally:
+        c.close()
+
+
 def read_partition(broker: Broker, topic: str, partition: int, start: int = 0,
                    end: int | None = None, timeout_s: float = 20.0) -> list[Rec]:
     """Reads [start, end) of one partition with an assigned librdkafka consumer.

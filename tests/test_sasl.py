@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln_testlib import Broker, free_port, kiln, rdk_consumer, rdk_producer
+from kiln_testlib import Broker, free_port, kiln, rdk_producer, read_values
 
 JS = Path(__file__).resolve().parent / "js"
 ADMIN_PASSWORD = "bootstrap-secret-7f3a"
@@ -92,25 +92,6 @@ def wait_for_login(broker: Broker, pki: Path, timeout_s: float = 20.0) -> None:
     raise AssertionError(f"the bootstrap user cannot log in: {last}\n{broker.log_tail()}")
 
 
-def read_all(broker: Broker, pki: Path, topic: str, partitions: int, expected: int,
-             timeout_s: float = 30.0) -> list[str]:
-    from confluent_kafka import TopicPartition
-    c = rdk_consumer(broker, **rdk_sasl(pki))
-    try:
-        c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        values: list[str] = []
-        deadline = time.monotonic() + timeout_s
-        while len(values) < expected and time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is None:
-                continue
-            assert not m.error(), m.error()
-            values.append(m.value().decode())
-        return values
-    finally:
-        c.close()
-
-
 def auth_errors(broker: Broker, pki: Path, user: str, password: str,
                 mechanism: str = "SCRAM-SHA-512") -> list:
     """librdkafka with these credentials: the errors its error callback reported while it
@@ -169,7 +150,7 @@ def test_three_clients_produce_and_consume_over_sasl_ssl(make_broker, tmp_path, 
     assert cp.returncode == 0 and "error" not in out, (out, cp.stderr[-4000:])
     assert not out["problems"], out["problems"]
 
-    values = read_all(broker, pki, "sasl.nodes", 3, 110)
+    values = read_values(broker, "sasl.nodes", 3, 110, **rdk_sasl(pki))
     for mechanism in ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"):
         assert sorted(v for v in values if v.startswith(f"rdk-{mechanism}-")) == \
             sorted(f"rdk-{mechanism}-{i}" for i in range(20)), mechanism
@@ -234,7 +215,7 @@ def test_wrong_passwords_and_unauthenticated_requests_are_refused(make_broker, t
     assert all("peer=127.0.0.1:" in l for l in refusals + early), refusals + early
     assert wrong not in log and ADMIN_PASSWORD not in log
     # The broker still serves authenticated clients.
-    assert read_all(broker, pki, "sasl.nodes", 1, 0, timeout_s=1) == []
+    assert read_values(broker, "sasl.nodes", 1, 0, timeout_s=1, **rdk_sasl(pki)) == []
 
 
 def test_users_are_created_described_and_deleted_through_the_admin_api(make_broker, tmp_path, pki):

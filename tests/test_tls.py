@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from kiln_cluster import Cluster, cluster_fixture
-from kiln_testlib import Broker, free_port, kiln, read_partition, rdk_consumer, rdk_producer
+from kiln_testlib import Broker, free_port, kiln, rdk_producer, read_partition, read_values
 
 JS = Path(__file__).resolve().parent / "js"
 
@@ -86,25 +86,6 @@ def create_topic_tls(broker: Broker, pki: Path, name: str, partitions: int) -> N
     from confluent_kafka.admin import AdminClient, NewTopic
     admin = AdminClient({"bootstrap.servers": broker.addr, **rdk_tls(pki)})
     admin.create_topics([NewTopic(name, partitions, 1)])[name].result(timeout=20)
-
-
-def read_all_tls(broker: Broker, pki: Path, topic: str, partitions: int,
-                 expected: int, timeout_s: float = 30.0) -> list[str]:
-    from confluent_kafka import TopicPartition
-    c = rdk_consumer(broker, **rdk_tls(pki))
-    try:
-        c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        values: list[str] = []
-        deadline = time.monotonic() + timeout_s
-        while len(values) < expected and time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is None:
-                continue
-            assert not m.error(), m.error()
-            values.append(m.value().decode())
-        return values
-    finally:
-        c.close()
 
 
 def handshake(broker_host: str, port: int, ca: Path | None, cert: Path | None = None,
@@ -161,7 +142,7 @@ def test_three_clients_produce_and_consume_over_mutual_tls(make_broker, tmp_path
     assert cp.returncode == 0 and "error" not in out, (out, cp.stderr[-4000:])
     assert not out["problems"], out["problems"]
 
-    values = read_all_tls(broker, pki, "tls.nodes", 3, 120)
+    values = read_values(broker, "tls.nodes", 3, 120, **rdk_tls(pki))
     assert sorted(v for v in values if v.startswith("rdk-")) == sorted(f"rdk-{i}" for i in range(50))
     assert sorted(v for v in values if v.startswith("kp-")) == sorted(f"kp-{i}" for i in range(50))
     assert sorted(v for v in values if v.startswith("key-")) == \
@@ -269,7 +250,7 @@ def test_sighup_reloads_the_certificate_without_dropping_connections(make_broker
     line = broker.wait_log(r"keeping the Kafka listener's old TLS settings.*", since=mark)
     assert "node-0.key" in line, line
     assert served_certificate(broker.host, port, pki) == after
-    values = read_all_tls(broker, pki, "tls.reload", 1, 40)
+    values = read_values(broker, "tls.reload", 1, 40, **rdk_tls(pki))
     assert values == [f"before-{i}" for i in range(20)] + [f"after-{i}" for i in range(20)]
     broker.assert_alive()
 

@@ -65,7 +65,7 @@ pub async fn run(dir: &Path, args: &ProduceArgs) -> anyhow::Result<ProduceFigure
     };
     config.log.flush_interval_ms = args.flush_interval_ms;
     let tls = if args.tls {
-        let (settings, connector) = mutual_tls(tmp.path())?;
+        let (settings, connector) = listener_tls(tmp.path(), true)?;
         config.tls = Some(settings);
         Some(connector)
     } else {
@@ -126,10 +126,12 @@ pub async fn run(dir: &Path, args: &ProduceArgs) -> anyhow::Result<ProduceFigure
     })
 }
 
-/// A CA, the broker's certificate for 127.0.0.1 and a client's, under `dir`: the broker's
-/// `[tls]` settings (client certificates required) and the client's connector.
-fn mutual_tls(
+/// A CA and the broker's certificate for 127.0.0.1 under `dir`: the broker's `[tls]`
+/// settings and the client's connector. With `client_certificates`, the listener requires one
+/// and the connector presents one the CA issued (mutual TLS).
+pub fn listener_tls(
     dir: &Path,
+    client_certificates: bool,
 ) -> anyhow::Result<(
     kiln_broker::config::ListenerTlsSettings,
     kiln_tls::TlsConnector,
@@ -140,17 +142,18 @@ fn mutual_tls(
     ca.write(&certs)?;
     ca.issue_broker(0, &["127.0.0.1".to_string()])?
         .write(&certs, "broker")?;
-    ca.issue_client("bench")?.write(&certs, "client")?;
+    let (client_crt, client_key) = (certs.join("client.crt"), certs.join("client.key"));
+    if client_certificates {
+        ca.issue_client("bench")?.write(&certs, "client")?;
+    }
     let settings = kiln_broker::config::ListenerTlsSettings {
         cert_file: certs.join("broker.crt"),
         key_file: certs.join("broker.key"),
-        client_ca_file: Some(certs.join("ca.crt")),
+        client_ca_file: client_certificates.then(|| certs.join("ca.crt")),
         client_auth: None,
     };
-    let connector = kiln_tls::client_connector(
-        &certs.join("ca.crt"),
-        Some((&certs.join("client.crt"), &certs.join("client.key"))),
-    )?;
+    let identity = client_certificates.then_some((client_crt.as_path(), client_key.as_path()));
+    let connector = kiln_tls::client_connector(&certs.join("ca.crt"), identity)?;
     Ok((settings, connector))
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use hdrhistogram::Histogram;
-use kiln_broker::config::{ListenerTlsSettings, SaslSettings};
+use kiln_broker::config::SaslSettings;
 use kiln_broker::{Broker, BrokerConfig};
 use kiln_client::{Connection, SaslLogin, Security};
 
@@ -25,23 +25,13 @@ const PASSWORD: &str = "kiln-bench-password";
 
 pub async fn run(dir: &Path, args: &SaslArgs) -> anyhow::Result<()> {
     let tmp = tempfile::tempdir_in(dir)?;
-    let certs = tmp.path().join("certs");
-    std::fs::create_dir_all(&certs)?;
-    let ca = kiln_tls::Ca::generate("bench CA")?;
-    ca.write(&certs)?;
-    ca.issue_broker(0, &["127.0.0.1".to_string()])?
-        .write(&certs, "broker")?;
+    let (tls_settings, tls) = crate::produce::listener_tls(tmp.path(), false)?;
     let password_file = tmp.path().join("admin.password");
     std::fs::write(&password_file, PASSWORD)?;
     let config = BrokerConfig {
         listen: "127.0.0.1:0".parse()?,
         data_dir: tmp.path().join("broker"),
-        tls: Some(ListenerTlsSettings {
-            cert_file: certs.join("broker.crt"),
-            key_file: certs.join("broker.key"),
-            client_ca_file: None,
-            client_auth: None,
-        }),
+        tls: Some(tls_settings),
         sasl: Some(SaslSettings {
             mechanisms: vec!["SCRAM-SHA-512".into(), "SCRAM-SHA-256".into()],
             bootstrap_user: Some("bench".into()),
@@ -57,7 +47,6 @@ pub async fn run(dir: &Path, args: &SaslArgs) -> anyhow::Result<()> {
         let _ = stop_rx.await;
     }));
 
-    let tls = kiln_tls::client_connector(&certs.join("ca.crt"), None)?;
     let login = |mechanism: &str| Security {
         tls: Some(tls.clone()),
         sasl: Some(SaslLogin {

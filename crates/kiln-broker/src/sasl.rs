@@ -151,14 +151,7 @@ impl Session {
         };
         let offered = listener.names();
         if !matches!(self.state, State::AwaitingHandshake) {
-            return Next::AnswerAndClose(
-                SaslAnswer::Handshake(
-                    SaslHandshakeResponse::default()
-                        .with_error_code(ResponseError::IllegalSaslState.code())
-                        .with_mechanisms(offered),
-                ),
-                Duration::ZERO,
-            );
+            return refuse_handshake(ResponseError::IllegalSaslState, offered);
         }
         let asked = request.mechanism.as_str();
         let chosen = listener
@@ -181,14 +174,7 @@ impl Session {
                     mechanism = ?shown,
                     "refused a SASL mechanism that is not offered"
                 );
-                return Next::AnswerAndClose(
-                    SaslAnswer::Handshake(
-                        SaslHandshakeResponse::default()
-                            .with_error_code(ResponseError::UnsupportedSaslMechanism.code())
-                            .with_mechanisms(offered),
-                    ),
-                    Duration::ZERO,
-                );
+                return refuse_handshake(ResponseError::UnsupportedSaslMechanism, offered);
             }
         }
         Next::Answer(SaslAnswer::Handshake(
@@ -269,6 +255,19 @@ impl Session {
             }
         }
     }
+}
+
+/// A SaslHandshake answered with `error` and the offered mechanisms, then the connection
+/// closes.
+fn refuse_handshake(error: ResponseError, offered: Vec<StrBytes>) -> Next {
+    Next::AnswerAndClose(
+        SaslAnswer::Handshake(
+            SaslHandshakeResponse::default()
+                .with_error_code(error.code())
+                .with_mechanisms(offered),
+        ),
+        Duration::ZERO,
+    )
 }
 
 fn illegal_state(why: &'static str) -> SaslAnswer {

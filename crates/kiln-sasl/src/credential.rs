@@ -199,7 +199,8 @@ impl ScramCredential {
     }
 }
 
-pub(crate) fn check_iterations(iterations: u32) -> Result<(), String> {
+/// Kafka's range for SCRAM iteration counts, or why `iterations` is outside it.
+pub fn check_iterations(iterations: u32) -> Result<(), String> {
     if !(ITERATIONS_MIN..=ITERATIONS_MAX).contains(&iterations) {
         return Err(format!(
             "SCRAM iterations must be {ITERATIONS_MIN} to {ITERATIONS_MAX} (got {iterations})"

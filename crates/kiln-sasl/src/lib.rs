@@ -18,7 +18,8 @@ mod plain;
 mod scram;
 
 pub use credential::{
-    Mechanism, ScramCredential, ITERATIONS_DEFAULT, ITERATIONS_MAX, ITERATIONS_MIN,
+    check_iterations, Mechanism, ScramCredential, ITERATIONS_DEFAULT, ITERATIONS_MAX,
+    ITERATIONS_MIN,
 };
 pub use plain::parse_plain;
 pub use scram::{ScramClient, ScramServer, ServerStep};

@@ -17,6 +17,7 @@ use kiln_client::Connection;
 use kiln_sasl::{Mechanism, ScramCredential};
 
 use crate::broker_address::BrokerAddress;
+use crate::topics_cmd::error_text;
 
 #[derive(Args, Debug)]
 pub struct UsersArgs {
@@ -67,16 +68,11 @@ pub async fn run(args: UsersArgs) -> anyhow::Result<()> {
             iterations,
         } => {
             let password = new_password(password_file.as_deref())?;
+            kiln_sasl::check_iterations(iterations)
+                .map_err(|e| anyhow::anyhow!("--iterations: {e}"))?;
             let mut upsertions = Vec::new();
             for m in parse_mechanisms(&mechanisms)? {
                 let salt = ScramCredential::random_salt();
-                if !(kiln_sasl::ITERATIONS_MIN..=kiln_sasl::ITERATIONS_MAX).contains(&iterations) {
-                    bail!(
-                        "--iterations must be {} to {}",
-                        kiln_sasl::ITERATIONS_MIN,
-                        kiln_sasl::ITERATIONS_MAX
-                    );
-                }
                 let salted = m.salted_password(password.as_bytes(), &salt, iterations);
                 upsertions.push(
                     ScramCredentialUpsertion::default()
@@ -126,14 +122,9 @@ pub async fn run(args: UsersArgs) -> anyhow::Result<()> {
         for result in r.results {
             if result.error_code != 0 {
                 bail!(
-                    "user {}: {} (error {})",
+                    "user {}: {}",
                     result.user.as_str(),
-                    result
-                        .error_message
-                        .as_ref()
-                        .map(|m| m.to_string())
-                        .unwrap_or_default(),
-                    result.error_code
+                    error_text(result.error_code, result.error_message.as_ref())
                 );
             }
         }
@@ -186,9 +177,8 @@ async fn describe(
     };
     if r.error_code != 0 {
         bail!(
-            "DescribeUserScramCredentials: {} (error {})",
-            r.error_message.map(|m| m.to_string()).unwrap_or_default(),
-            r.error_code
+            "DescribeUserScramCredentials: {}",
+            error_text(r.error_code, r.error_message.as_ref())
         );
     }
     Ok(r.results
