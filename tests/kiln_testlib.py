@@ -435,3 +435,34 @@ def resolve_implicit_acks(acked: dict[tuple[str, int], tuple[int, int | None]],
             offset = found[0] if found else None
         resolved[ks] = (p, offset)
     return resolved, implicit
+
+
+def rdk_sasl(pki: Path, user: str, password: str,
+             mechanism: str = "SCRAM-SHA-512") -> dict:
+    """librdkafka settings for SASL_SSL with the CA `kiln certs ca` made under `pki`."""
+    return {
+        "security.protocol": "SASL_SSL",
+        "ssl.ca.location": str(pki / "ca" / "ca.crt"),
+        "sasl.mechanism": mechanism,
+        "sasl.username": user,
+        "sasl.password": password,
+    }
+
+
+def wait_for_login(broker: Broker, pki: Path, user: str, password: str,
+                   timeout_s: float = 20.0) -> None:
+    """The bootstrap user's credential is written through the metadata log a moment after the
+    listener opens: wait until it logs in."""
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka import KafkaException
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        admin = AdminClient({"bootstrap.servers": broker.addr, **rdk_sasl(pki, user, password)})
+        try:
+            admin.list_topics(timeout=3)
+            return
+        except KafkaException as e:
+            last = e
+        time.sleep(0.2)
+    raise AssertionError(f"the bootstrap user cannot log in: {last}\n{broker.log_tail()}")

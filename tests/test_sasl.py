@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln_testlib import Broker, free_port, kiln, rdk_producer, read_values
+from kiln_testlib import Broker, free_port, kiln, rdk_producer, rdk_sasl, read_values, wait_for_login
 
 JS = Path(__file__).resolve().parent / "js"
 ADMIN_PASSWORD = "bootstrap-secret-7f3a"
@@ -59,37 +59,8 @@ def sasl_broker(make_broker, tmp_path: Path, pki: Path) -> Broker:
         f'failed_authentication_delay_ms = {FAILED_DELAY_MS}\n'
         f'bootstrap_user = "admin"\nbootstrap_password_file = "{secret}"\n')
     broker = make_broker(port=port, config_path=config)
-    wait_for_login(broker, pki)
+    wait_for_login(broker, pki, "admin", ADMIN_PASSWORD)
     return broker
-
-
-def rdk_sasl(pki: Path, user: str = "admin", password: str = ADMIN_PASSWORD,
-             mechanism: str = "SCRAM-SHA-512") -> dict:
-    return {
-        "security.protocol": "SASL_SSL",
-        "ssl.ca.location": str(pki / "ca" / "ca.crt"),
-        "sasl.mechanism": mechanism,
-        "sasl.username": user,
-        "sasl.password": password,
-    }
-
-
-def wait_for_login(broker: Broker, pki: Path, timeout_s: float = 20.0) -> None:
-    """The bootstrap user's credential is written through the metadata log a moment after the
-    listener opens: wait until it logs in."""
-    from confluent_kafka.admin import AdminClient
-    from confluent_kafka import KafkaException
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        admin = AdminClient({"bootstrap.servers": broker.addr, **rdk_sasl(pki)})
-        try:
-            admin.list_topics(timeout=3)
-            return
-        except KafkaException as e:
-            last = e
-        time.sleep(0.2)
-    raise AssertionError(f"the bootstrap user cannot log in: {last}\n{broker.log_tail()}")
 
 
 def auth_errors(broker: Broker, pki: Path, user: str, password: str,
@@ -118,13 +89,13 @@ def test_three_clients_produce_and_consume_over_sasl_ssl(make_broker, tmp_path, 
     from kafka import KafkaProducer
 
     broker = sasl_broker(make_broker, tmp_path, pki)
-    admin = AdminClient({"bootstrap.servers": broker.addr, **rdk_sasl(pki)})
+    admin = AdminClient({"bootstrap.servers": broker.addr, **rdk_sasl(pki, "admin", ADMIN_PASSWORD)})
     admin.create_topics([NewTopic("sasl.nodes", 3, 1)])["sasl.nodes"].result(timeout=20)
 
     # librdkafka's default (idempotent) producer with each mechanism.
     for mechanism in ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"):
         errors: list = []
-        p = rdk_producer(broker, **rdk_sasl(pki, mechanism=mechanism))
+        p = rdk_producer(broker, **rdk_sasl(pki, "admin", ADMIN_PASSWORD, mechanism))
         for i in range(20):
             p.produce("sasl.nodes", key=f"k{i % 4}".encode(), value=f"rdk-{mechanism}-{i}".encode(),
                       on_delivery=lambda e, m: e and errors.append(e))
@@ -150,7 +121,7 @@ def test_three_clients_produce_and_consume_over_sasl_ssl(make_broker, tmp_path, 
     assert cp.returncode == 0 and "error" not in out, (out, cp.stderr[-4000:])
     assert not out["problems"], out["problems"]
 
-    values = read_values(broker, "sasl.nodes", 3, 110, **rdk_sasl(pki))
+    values = read_values(broker, "sasl.nodes", 3, 110, **rdk_sasl(pki, "admin", ADMIN_PASSWORD))
     for mechanism in ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"):
         assert sorted(v for v in values if v.startswith(f"rdk-{mechanism}-")) == \
             sorted(f"rdk-{mechanism}-{i}" for i in range(20)), mechanism
@@ -173,7 +144,7 @@ def test_wrong_passwords_and_unauthenticated_requests_are_refused(make_broker, t
     from confluent_kafka.admin import AdminClient, NewTopic
 
     broker = sasl_broker(make_broker, tmp_path, pki)
-    admin = AdminClient({"bootstrap.servers": broker.addr, **rdk_sasl(pki)})
+    admin = AdminClient({"bootstrap.servers": broker.addr, **rdk_sasl(pki, "admin", ADMIN_PASSWORD)})
     admin.create_topics([NewTopic("sasl.nodes", 1, 1)])["sasl.nodes"].result(timeout=20)
 
     wrong = "not-the-password-91c2"
@@ -215,7 +186,7 @@ def test_wrong_passwords_and_unauthenticated_requests_are_refused(make_broker, t
     assert all("peer=127.0.0.1:" in l for l in refusals + early), refusals + early
     assert wrong not in log and ADMIN_PASSWORD not in log
     # The broker still serves authenticated clients.
-    assert read_values(broker, "sasl.nodes", 1, 0, timeout_s=1, **rdk_sasl(pki)) == []
+    assert read_values(broker, "sasl.nodes", 1, 0, timeout_s=1, **rdk_sasl(pki, "admin", ADMIN_PASSWORD)) == []
 
 
 def test_users_are_created_described_and_deleted_through_the_admin_api(make_broker, tmp_path, pki):
@@ -225,7 +196,7 @@ def test_users_are_created_described_and_deleted_through_the_admin_api(make_brok
     from kafka import KafkaProducer
 
     broker = sasl_broker(make_broker, tmp_path, pki)
-    admin = AdminClient({"bootstrap.servers": broker.addr, **rdk_sasl(pki)})
+    admin = AdminClient({"bootstrap.servers": broker.addr, **rdk_sasl(pki, "admin", ADMIN_PASSWORD)})
     info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
     futures = admin.alter_user_scram_credentials(
         [UserScramCredentialUpsertion("agent-7", info, b"agent-seven-pw", b"some-salt-bytes")])

@@ -68,6 +68,38 @@ pub struct BrokerConfig {
     /// `[sasl]`: every client authenticates (SASL_PLAINTEXT, or SASL_SSL with `[tls]`) before
     /// any request but ApiVersions is served (docs/security.md); absent, none does.
     pub sasl: Option<SaslSettings>,
+    /// `[authorization]`: every request is checked against the cluster's ACLs (docs/security.md);
+    /// absent, every client may do everything, and the ACL APIs answer SECURITY_DISABLED.
+    pub authorization: Option<AuthorizationSettings>,
+}
+
+/// `[authorization]`: who is above the ACLs, and what happens where none is set.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthorizationSettings {
+    /// Principals that may do anything, ACLs or not: `User:<name>` for a SASL user,
+    /// `User:<subject DN>` for a client certificate (Kafka's `super.users`). `[sasl]
+    /// super_users` and the bootstrap user are super users too.
+    pub super_users: Vec<String>,
+    /// Allow a request on a resource that no ACL names (Kafka's
+    /// `allow.everyone.if.no.acl.found`). Off: what is not allowed is refused.
+    pub allow_everyone_if_no_acl_found: bool,
+}
+
+impl AuthorizationSettings {
+    pub fn validate(&self) -> Result<(), String> {
+        for p in &self.super_users {
+            match p.split_once(':') {
+                Some((kind, name)) if !kind.is_empty() && !name.is_empty() => {}
+                _ => {
+                    return Err(format!(
+                    "[authorization] super_users: {p:?} is not a principal of the form User:<name>"
+                ))
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `[sasl]`: the mechanisms offered and the first user.
@@ -430,6 +462,7 @@ impl Default for BrokerConfig {
             cluster: None,
             tls: None,
             sasl: None,
+            authorization: None,
         }
     }
 }
@@ -488,6 +521,9 @@ impl BrokerConfig {
                 "max_batch_bytes ({}) cannot exceed max_frame_bytes ({})",
                 self.max_batch_bytes, self.max_frame_bytes
             ));
+        }
+        if let Some(a) = &self.authorization {
+            a.validate()?;
         }
         if self.max_connections == 0 || self.max_in_flight_per_connection == 0 {
             return Err(

@@ -16,6 +16,7 @@ use kiln_wire::{decode_request, encode_response, read_frame, WireError};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::authorizer::Access;
 use crate::handlers::{self, Reply};
 use crate::sasl::{Next, SaslAnswer, Session};
 use crate::server::Broker;
@@ -33,9 +34,15 @@ enum Outcome {
 type Slot = oneshot::Receiver<Outcome>;
 
 /// Serves one client over the two halves of its stream: a TCP stream's own halves (no lock
-/// between them), or `tokio::io::split` of a TLS stream whose handshake is done.
-pub async fn serve<R, W>(broker: Arc<Broker>, read_half: R, write_half: W, peer: SocketAddr)
-where
+/// between them), or `tokio::io::split` of a TLS stream whose handshake is done, whose client
+/// certificate named `tls_principal`.
+pub async fn serve<R, W>(
+    broker: Arc<Broker>,
+    read_half: R,
+    write_half: W,
+    peer: SocketAddr,
+    tls_principal: Option<String>,
+) where
     R: AsyncRead + Send + Unpin + 'static,
     W: AsyncWrite + Send + Unpin + 'static,
 {
@@ -43,6 +50,20 @@ where
     let writer = tokio::spawn(write_responses(write_half, slots_rx, peer));
     let mut reader = BufReader::with_capacity(64 * 1024, read_half);
     let mut session = Session::new(broker.sasl.clone());
+    // Who the ACLs see: set again once SASL authenticates (`authorizer.rs`).
+    let access_as = |session: &Session| {
+        let principal = session
+            .principal()
+            .or(tls_principal.as_deref())
+            .unwrap_or(crate::authorizer::ANONYMOUS);
+        Access::new(
+            principal,
+            peer.ip(),
+            broker.authorizer.as_ref(),
+            &broker.cluster,
+        )
+    };
+    let mut access = access_as(&session);
     let authenticate_by = session
         .authentication_timeout()
         .map(|t| tokio::time::Instant::now() + t);
@@ -122,7 +143,9 @@ where
             RequestKind::ApiVersions(_) => None,
             RequestKind::DescribeUserScramCredentials(_)
             | RequestKind::AlterUserScramCredentials(_)
-                if session.may_serve() && !session.may_manage_users() =>
+                if session.may_serve()
+                    && broker.authorizer.is_none()
+                    && !session.may_manage_users() =>
             {
                 tracing::warn!(%peer, principal = session.principal(), ?api_key, "refused: only a super user may manage SCRAM users");
                 if let Some(body) = handlers::users::refuse(&request.body) {
@@ -154,9 +177,18 @@ where
             if !send_ready(&slots_tx, encode(body)).await || close_after.is_some() {
                 break;
             }
+            access = access_as(&session);
             continue;
         }
-        let sent = match handlers::dispatch(&broker, request) {
+        // A restarted broker's ACLs are those of its disk until it has caught up with the
+        // metadata log (`cluster/fence.rs`): one revoked meanwhile would still allow. Requests
+        // wait for that here, in order, and a broker that cannot catch up hangs up, which
+        // clients retry elsewhere.
+        if broker.authorizer.is_some() && !wait_until_current(&broker).await {
+            tracing::warn!(%peer, ?api_key, "closing connection: this broker's ACLs are not current (it has not caught up with the metadata log)");
+            break;
+        }
+        let sent = match handlers::dispatch(&broker, request, &access) {
             Reply::Now(body) => send_ready(&slots_tx, encode(*body)).await,
             Reply::Silent => send_ready(&slots_tx, Outcome::NoResponse).await,
             Reply::Later(pending) => {
@@ -184,6 +216,23 @@ where
     if let Err(e) = writer.await {
         tracing::debug!(%peer, error = %e, "writer task ended abnormally");
     }
+}
+
+/// Longest a request waits for a restarted broker to catch up with the metadata log before
+/// its ACLs are trusted.
+const ACLS_CURRENT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+const ACLS_CURRENT_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Whether the broker is (or within `ACLS_CURRENT_WAIT` becomes) current.
+async fn wait_until_current(broker: &Broker) -> bool {
+    let deadline = tokio::time::Instant::now() + ACLS_CURRENT_WAIT;
+    while !broker.cluster.is_current() {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(ACLS_CURRENT_POLL).await;
+    }
+    true
 }
 
 async fn send_ready(slots: &mpsc::Sender<Slot>, outcome: Outcome) -> bool {

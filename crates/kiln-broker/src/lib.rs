@@ -6,8 +6,10 @@
 //! groups from `kiln-raft` on `kiln-log`), `retention` proposes log starts, `groups` coordinates
 //! consumer groups and keeps their committed offsets, `metrics` serves `GET /metrics` (per-topic
 //! counters in `traffic`, fsync timing from `kiln_log::stats`), `convert` takes in a data
-//! directory of the older standalone layout.
+//! directory of the older standalone layout. `sasl` authenticates a connection, `authorizer`
+//! and `handlers::authorize` check each request against the cluster's ACLs.
 
+mod authorizer;
 pub mod cluster;
 pub mod config;
 mod connection;

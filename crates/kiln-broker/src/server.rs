@@ -31,6 +31,8 @@ pub struct Broker {
     pub sasl: Option<Arc<crate::sasl::SaslListener>>,
     /// How Raft traffic travels (mutual TLS with `[cluster.tls]`).
     pub raft_transport: kiln_raft::net::Transport,
+    /// `[authorization]`: the ACLs are enforced.
+    pub authorizer: Option<Arc<crate::authorizer::Authorizer>>,
     _lock: DataDirLock,
 }
 
@@ -169,7 +171,9 @@ impl Broker {
             },
         };
         let identity = persisted.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let authorizer = crate::authorizer::Authorizer::new(&config);
         let broker = Arc::new(Broker {
+            authorizer,
             config,
             groups,
             identity: std::sync::Mutex::new(identity),
@@ -335,12 +339,14 @@ impl BoundBroker {
                         match broker.tls.as_ref().map(|tls| tls.acceptor()) {
                             None => {
                                 let (read, write) = stream.into_split();
-                                connection::serve(broker, read, write, peer).await
+                                connection::serve(broker, read, write, peer, None).await
                             }
                             Some(acceptor) => {
-                                if let Some(tls) = handshake(acceptor, stream, peer).await {
+                                if let Some((tls, principal)) =
+                                    handshake(acceptor, stream, peer).await
+                                {
                                     let (read, write) = tokio::io::split(tls);
-                                    connection::serve(broker, read, write, peer).await;
+                                    connection::serve(broker, read, write, peer, principal).await;
                                 }
                             }
                         }
@@ -374,12 +380,16 @@ impl BoundBroker {
 /// Longest a client's TLS handshake may take; its connection slot is held meanwhile.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Finishes a client's TLS handshake; `None` (logged) when it fails or takes too long.
+/// Finishes a client's TLS handshake, with the principal its certificate names (none without
+/// one); `None` (logged) when it fails or takes too long.
 async fn handshake(
     acceptor: kiln_tls::TlsAcceptor,
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
-) -> Option<kiln_tls::ServerStream<tokio::net::TcpStream>> {
+) -> Option<(
+    kiln_tls::ServerStream<tokio::net::TcpStream>,
+    Option<String>,
+)> {
     match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => {
             let principal = tls
@@ -388,14 +398,22 @@ async fn handshake(
                 .peer_certificates()
                 .and_then(|chain| chain.first())
                 .map(kiln_tls::principal_of);
-            match principal {
-                Some(Ok(principal)) => tracing::debug!(%peer, %principal, "TLS client connected"),
-                Some(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS client's subject unreadable")
+            let principal = match principal {
+                Some(Ok(principal)) => {
+                    tracing::debug!(%peer, %principal, "TLS client connected");
+                    Some(principal)
                 }
-                None => tracing::debug!(%peer, "TLS client connected without a certificate"),
-            }
-            Some(tls)
+                // The CA signed it, so the connection stands; it is anonymous to the ACLs.
+                Some(Err(e)) => {
+                    tracing::warn!(%peer, error = %e, "TLS client's subject unreadable; its principal is User:ANONYMOUS");
+                    None
+                }
+                None => {
+                    tracing::debug!(%peer, "TLS client connected without a certificate");
+                    None
+                }
+            };
+            Some((tls, principal))
         }
         // Closed before a ClientHello: a port check (load balancer, monitoring), not a client.
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {

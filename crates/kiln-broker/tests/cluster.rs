@@ -993,3 +993,80 @@ async fn every_broker_gives_an_unknown_user_the_same_decoy_salt() {
     }
     assert!(salts.iter().all(|s| *s == salts[0]), "{salts:?}");
 }
+
+/// CreateAcls and DeleteAcls at brokers that are not the controller are forwarded to it, and
+/// every broker then enforces the same bindings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_created_or_deleted_at_any_broker_reaches_every_broker() {
+    use kafka_protocol::messages::create_acls_request::AclCreation;
+    use kafka_protocol::messages::delete_acls_request::DeleteAclsFilter;
+    let cluster = Cluster::start_configured(&[1, 2, 3], |c| {
+        c.authorization = Some(kiln_broker::config::AuthorizationSettings {
+            super_users: vec!["User:ANONYMOUS".into()],
+            allow_everyone_if_no_acl_found: false,
+        });
+    })
+    .await;
+    let controller = cluster.controller().await;
+    let others: Vec<i32> = [1, 2, 3].into_iter().filter(|i| *i != controller).collect();
+    let mut conn = cluster.by_id(others[0]).connect().await;
+    let creation = AclCreation::default()
+        .with_resource_type(kiln_acl::ResourceType::Group.code())
+        .with_resource_name(StrBytes::from_static_str("burnin"))
+        .with_resource_pattern_type(kiln_acl::PatternType::Literal.code())
+        .with_principal(StrBytes::from_static_str("User:agent"))
+        .with_host(StrBytes::from_static_str("*"))
+        .with_operation(kiln_acl::Operation::Read.code())
+        .with_permission_type(kiln_acl::Permission::Allow.code());
+    let request = CreateAclsRequest::default().with_creations(vec![creation]);
+    match conn
+        .call(RequestKind::CreateAcls(request), T)
+        .await
+        .unwrap()
+    {
+        ResponseKind::CreateAcls(r) => assert_eq!(r.results[0].error_code, 0, "{r:?}"),
+        other => panic!("{other:?}"),
+    }
+    let held = |c: &Cluster| -> Vec<usize> {
+        c.live()
+            .map(|b| {
+                b.broker
+                    .cluster
+                    .acls_matching(&kiln_acl::Filter::any())
+                    .len()
+            })
+            .collect()
+    };
+    cluster
+        .until("every broker to hold the ACL", |c| {
+            (held(c) == vec![1, 1, 1]).then_some(())
+        })
+        .await;
+    drop(conn);
+    let mut conn = cluster.by_id(others[1]).connect().await;
+    let filter = DeleteAclsFilter::default()
+        .with_resource_type_filter(1)
+        .with_resource_name_filter(None)
+        .with_pattern_type_filter(1)
+        .with_principal_filter(Some(StrBytes::from_static_str("User:agent")))
+        .with_host_filter(None)
+        .with_operation(1)
+        .with_permission_type(1);
+    let request = DeleteAclsRequest::default().with_filters(vec![filter]);
+    match conn
+        .call(RequestKind::DeleteAcls(request), T)
+        .await
+        .unwrap()
+    {
+        ResponseKind::DeleteAcls(r) => {
+            assert_eq!(r.filter_results[0].error_code, 0, "{r:?}");
+            assert_eq!(r.filter_results[0].matching_acls.len(), 1, "{r:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    cluster
+        .until("every broker to drop the ACL", |c| {
+            (held(c) == vec![0, 0, 0]).then_some(())
+        })
+        .await;
+}

@@ -337,6 +337,9 @@ fn api_key_of(body: &RequestKind) -> ApiKey {
         RequestKind::SaslAuthenticate(_) => ApiKey::SaslAuthenticate,
         RequestKind::DescribeUserScramCredentials(_) => ApiKey::DescribeUserScramCredentials,
         RequestKind::AlterUserScramCredentials(_) => ApiKey::AlterUserScramCredentials,
+        RequestKind::DescribeAcls(_) => ApiKey::DescribeAcls,
+        RequestKind::CreateAcls(_) => ApiKey::CreateAcls,
+        RequestKind::DeleteAcls(_) => ApiKey::DeleteAcls,
         // Kiln's tools send nothing else; an unknown key fails version negotiation loudly.
         _ => ApiKey::WriteTxnMarkers,
     }

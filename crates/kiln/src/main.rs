@@ -1,5 +1,6 @@
 //! `kiln`: one binary, one subcommand per service or tool.
 
+mod acls_cmd;
 mod agent_cmd;
 mod broker_address;
 mod broker_cmd;
@@ -73,6 +74,8 @@ enum Command {
     Certs(certs_cmd::CertsArgs),
     /// Create, delete and list SCRAM users of a broker's [sasl] listener.
     Users(users_cmd::UsersArgs),
+    /// Create, delete and list the ACLs a broker with [authorization] enforces.
+    Acls(acls_cmd::AclsArgs),
 }
 
 fn main() -> ExitCode {
@@ -118,6 +121,7 @@ fn main() -> ExitCode {
             Command::Sim(args) => sim_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Certs(args) => certs_cmd::run(args).map(|()| ExitCode::SUCCESS),
             Command::Users(args) => users_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Acls(args) => acls_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
             // Its exit status tells pass, fail and could-not-measure apart.
             Command::Playbook(args) => playbook_cmd::run(args).await,
             Command::Probe(_) => unreachable_probe().map(|()| ExitCode::SUCCESS),

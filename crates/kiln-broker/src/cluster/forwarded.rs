@@ -40,6 +40,8 @@ pub(super) enum TopicChange {
     },
     /// AlterUserScramCredentials (`users.rs`).
     Scram { change: super::users::ScramChange },
+    /// CreateAcls and DeleteAcls (`acls.rs`).
+    Acls { change: super::acls::AclChange },
 }
 
 impl Cluster {
@@ -101,6 +103,7 @@ impl Cluster {
                     .await
             }
             TopicChange::Scram { change } => self.alter_scram_here(change).await,
+            TopicChange::Acls { change } => self.change_acls_here(change).await,
         };
         result.map_err(|e| serde_json::to_string(&e).unwrap_or_else(|_| e.to_string()))
     }

@@ -80,6 +80,12 @@ pub enum Command {
     ScramDecoySecret {
         secret: String,
     },
+    /// CreateAcls and DeleteAcls (`cluster/acls.rs`): these bindings are added and these
+    /// removed, validated by the controller that proposed them.
+    Acls {
+        create: Vec<kiln_acl::Binding>,
+        delete: Vec<kiln_acl::Binding>,
+    },
 }
 
 /// One RecordBatch v2 holding `command` as its only record.
@@ -173,6 +179,9 @@ pub struct MetadataState {
     /// Hex of the cluster's SCRAM decoy secret, once a controller with `[sasl]` drew it.
     #[serde(default)]
     pub scram_decoy_secret: Option<String>,
+    /// The cluster's ACLs (`cluster/acls.rs`).
+    #[serde(default)]
+    pub acls: kiln_acl::Acls,
     /// The Kafka offset after the last applied record: the controller waits for its own
     /// commands to pass it.
     pub applied_offset: i64,
@@ -214,6 +223,35 @@ impl MetadataTable {
         mechanism: kiln_sasl::Mechanism,
     ) -> Option<kiln_sasl::ScramCredential> {
         self.lock().scram.get(user)?.get(&mechanism).cloned()
+    }
+
+    /// The ACL decision for `request` (the lock is held for one scan of the bindings; `state()`
+    /// would copy every topic on every request).
+    pub fn authorize(&self, request: kiln_acl::Request<'_>, allow_everyone: bool) -> bool {
+        self.lock().acls.authorize(request, allow_everyone)
+    }
+
+    /// `Acls::authorize_any` on the applied bindings.
+    pub fn authorize_any(
+        &self,
+        principal: &str,
+        host: &str,
+        operation: kiln_acl::Operation,
+        resource_type: kiln_acl::ResourceType,
+    ) -> bool {
+        self.lock()
+            .acls
+            .authorize_any(principal, host, operation, resource_type)
+    }
+
+    /// The bindings `filter` selects.
+    pub fn acls_matching(&self, filter: &kiln_acl::Filter) -> Vec<kiln_acl::Binding> {
+        self.lock().acls.matching(filter).cloned().collect()
+    }
+
+    /// How many bindings the cluster holds.
+    pub fn acl_count(&self) -> usize {
+        self.lock().acls.len()
     }
 
     /// The cluster's SCRAM decoy secret, once applied.
@@ -333,6 +371,26 @@ fn apply_command(state: &mut MetadataState, command: Command) {
         Command::ScramDecoySecret { secret } => {
             if state.scram_decoy_secret.is_none() {
                 state.scram_decoy_secret = Some(secret);
+            }
+        }
+        Command::Acls { create, delete } => {
+            for b in &delete {
+                if state.acls.remove(b) {
+                    tracing::info!(acl = %b, "ACL deleted");
+                }
+            }
+            for b in create {
+                // The controller validated it; a binding that fails here was written by a
+                // newer version and is skipped rather than half-understood.
+                match b.validate() {
+                    Ok(()) => {
+                        tracing::info!(acl = %b, "ACL created");
+                        state.acls.insert(b);
+                    }
+                    Err(e) => {
+                        tracing::error!(acl = %b, error = %e, "skipping an ACL that does not validate")
+                    }
+                }
             }
         }
         Command::ScramCredential {

@@ -12,6 +12,7 @@
 //! replica of. A reconciler follows the metadata table and opens or stops replicas as topics
 //! come and go. docs/replication.md describes the whole.
 
+pub mod acls;
 mod fence;
 mod forwarded;
 pub mod join;

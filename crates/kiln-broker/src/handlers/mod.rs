@@ -2,8 +2,10 @@
 //! order (appends to a proposer), and returns either the response or a future that completes it
 //! (replication waits, long polls, metadata changes).
 
+pub mod acls;
 pub mod admin;
 pub mod api_versions;
+mod authorize;
 pub mod configs;
 pub mod fetch;
 pub mod groups;
@@ -13,7 +15,7 @@ pub mod metadata;
 pub mod offsets;
 pub mod partitions;
 pub mod produce;
-mod refuse;
+pub mod refuse;
 pub mod users;
 
 use std::future::Future;
@@ -23,6 +25,7 @@ use std::sync::Arc;
 use kafka_protocol::messages::{RequestHeader, RequestKind, ResponseKind};
 use kiln_wire::DecodedRequest;
 
+use crate::authorizer::Access;
 use crate::server::Broker;
 
 pub type PendingResponse = Pin<Box<dyn Future<Output = ResponseKind> + Send>>;
@@ -37,10 +40,33 @@ pub enum Reply {
     Close(&'static str),
 }
 
-pub fn dispatch(broker: &Arc<Broker>, request: DecodedRequest) -> Reply {
+/// Authorizes `request` for `access` (`authorize/`), then serves what it may.
+pub fn dispatch(broker: &Arc<Broker>, request: DecodedRequest, access: &Access) -> Reply {
     let version = request.header.request_api_version;
+    let (body, patch) = match authorize::check(access, version, request.body) {
+        authorize::Checked::Answer(answer) => return Reply::Now(Box::new(answer)),
+        authorize::Checked::Serve(body, patch) => (body, patch),
+    };
+    let reply = serve(broker, version, request.header, body, access);
+    let Some(patch) = patch else {
+        return reply;
+    };
+    match reply {
+        Reply::Now(body) => Reply::Now(Box::new(patch(*body))),
+        Reply::Later(pending) => Reply::Later(Box::pin(async move { patch(pending.await) })),
+        other @ (Reply::Silent | Reply::Close(_)) => other,
+    }
+}
+
+fn serve(
+    broker: &Arc<Broker>,
+    version: i16,
+    header: RequestHeader,
+    body: RequestKind,
+    access: &Access,
+) -> Reply {
     let cluster = &broker.cluster;
-    match request.body {
+    match body {
         RequestKind::ApiVersions(_) => Reply::Now(Box::new(ResponseKind::ApiVersions(
             api_versions::response(0),
         ))),
@@ -76,11 +102,30 @@ pub fn dispatch(broker: &Arc<Broker>, request: DecodedRequest) -> Reply {
             ResponseKind::DescribeUserScramCredentials(users::describe(cluster, req)),
         )),
         RequestKind::AlterUserScramCredentials(req) => users::alter(cluster, req),
+        body @ (RequestKind::DescribeAcls(_)
+        | RequestKind::CreateAcls(_)
+        | RequestKind::DeleteAcls(_))
+            if !access.enforced() =>
+        {
+            match acls::refuse(
+                &body,
+                kafka_protocol::ResponseError::SecurityDisabled,
+                "ACLs are not enforced on this broker: it has no [authorization]",
+            ) {
+                Some(answer) => Reply::Now(Box::new(answer)),
+                None => Reply::Close("ACL request without a refusal"),
+            }
+        }
+        RequestKind::DescribeAcls(req) => Reply::Now(Box::new(ResponseKind::DescribeAcls(
+            acls::describe(cluster, req),
+        ))),
+        RequestKind::CreateAcls(req) => acls::create(cluster, req),
+        RequestKind::DeleteAcls(req) => acls::delete(cluster, req),
         body => {
             let serving = broker.groups.store().is_serving();
             match refuse::refuse(cluster, serving, &body) {
                 Some(refusal) => refusal,
-                None => dispatch_groups(broker, version, body, request.header),
+                None => dispatch_groups(broker, version, body, header),
             }
         }
     }

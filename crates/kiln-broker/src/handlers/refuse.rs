@@ -1,6 +1,7 @@
 //! Group APIs on a broker that is not (or not yet) the coordinator: every group is answered
 //! NOT_COORDINATOR (COORDINATOR_LOAD_IN_PROGRESS while this broker is catching up as the new
-//! coordinator), so clients look the coordinator up again.
+//! coordinator), so clients look the coordinator up again. `group_refusal` also answers a
+//! principal whom the ACLs refuse a group (GROUP_AUTHORIZATION_FAILED).
 
 use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
 use kafka_protocol::messages::describe_groups_response::DescribedGroup;
@@ -30,6 +31,12 @@ pub fn refuse(cluster: &Cluster, serving: bool, body: &RequestKind) -> Option<Re
         ResponseError::NotCoordinator
     }
     .code();
+    group_refusal(body, code).map(|r| Reply::Now(Box::new(r)))
+}
+
+/// The response that refuses every group `body` names with `code` (`None` for a request that
+/// is not a group API). Also the answer to a principal the ACLs refuse the group.
+pub fn group_refusal(body: &RequestKind, code: i16) -> Option<ResponseKind> {
     let response = match body {
         RequestKind::JoinGroup(_) => {
             ResponseKind::JoinGroup(JoinGroupResponse::default().with_error_code(code))
@@ -110,5 +117,5 @@ pub fn refuse(cluster: &Cluster, serving: bool, body: &RequestKind) -> Option<Re
         RequestKind::ListGroups(_) => ResponseKind::ListGroups(ListGroupsResponse::default()),
         _ => return None,
     };
-    Some(Reply::Now(Box::new(response)))
+    Some(response)
 }
