@@ -15,15 +15,21 @@ user) and `[authorization]` (nothing is allowed that no ACL allows). Users `agen
 - A DENY beats an ALLOW; `kiln acls list` and `delete` show and remove bindings, after which
   the agent is refused again; an agent may not create ACLs (CLUSTER_AUTHORIZATION_FAILED).
 - A broker without `[authorization]` answers the ACL APIs SECURITY_DISABLED.
+- Kiln's own librdkafka services over SASL_SSL, each as its role's user with only the ACLs
+  docs/security.md lists for it: `kiln intake register` queues a manifest, a real `kiln agent`
+  burns the nodes in (group `burnin`), retries a failing one ten times and dead-letters it.
 """
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from kiln_testlib import Broker, free_port, kiln, rdk_consumer, rdk_producer, rdk_sasl, wait_for_login
+from kiln_testlib import (Broker, clean_env, free_port, kiln, kiln_bin, rdk_consumer, rdk_producer,
+                          rdk_sasl, read_values, wait_for_login)
 
 ADMIN_PASSWORD = "acl-admin-secret-41c9"
 PASSWORDS = {"agent": "agent-secret-77d1", "intake": "intake-secret-90be"}
@@ -117,11 +123,7 @@ def test_roles_allow_what_they_name_and_refuse_the_rest(make_broker, tmp_path, p
                                        ResourcePatternType, ResourceType)
 
     broker = acl_broker(make_broker, tmp_path, pki)
-    as_admin = cli_as(broker, pki, tmp_path, "admin")
-    for user in PASSWORDS:
-        pw = tmp_path / f"new-{user}.pw"
-        pw.write_text(PASSWORDS[user] + "\n")
-        kiln("users", "create", user, "--password-file", str(pw), *as_admin)
+    as_admin = make_users(broker, pki, tmp_path)
     admin = AdminClient({"bootstrap.servers": broker.addr, **sasl_as(pki, "admin")})
     admin.create_topics([NewTopic(TOPIC, 2, 1)])[TOPIC].result(timeout=20)
     p = rdk_producer(broker, **sasl_as(pki, "admin"))
@@ -203,3 +205,87 @@ def test_roles_allow_what_they_name_and_refuse_the_rest(make_broker, tmp_path, p
 def test_a_broker_without_authorization_answers_security_disabled(broker):
     cp = kiln("acls", "list", "--bootstrap", broker.addr, check=False)
     assert cp.returncode != 0 and "SecurityDisabled" in cp.stderr, cp.stderr
+
+
+def make_users(broker: Broker, pki: Path, tmp_path: Path) -> list[str]:
+    """Creates the users of PASSWORDS; returns the CLI flags that log in as admin."""
+    as_admin = cli_as(broker, pki, tmp_path, "admin")
+    for user in PASSWORDS:
+        pw = tmp_path / f"new-{user}.pw"
+        pw.write_text(PASSWORDS[user] + "\n")
+        kiln("users", "create", user, "--password-file", str(pw), *as_admin)
+    return as_admin
+
+
+def librdkafka_security(pki: Path, user: str) -> dict:
+    return {"security.protocol": "SASL_SSL", "ssl.ca.location": str(pki / "ca" / "ca.crt"),
+            "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user,
+            "sasl.password": PASSWORDS[user]}
+
+
+@pytest.mark.timeout(240)
+def test_kiln_services_run_over_sasl_ssl_with_their_roles_acls(make_broker, tmp_path, pki):
+    broker = acl_broker(make_broker, tmp_path, pki)
+    as_admin = make_users(broker, pki, tmp_path)
+    kiln("topics", "create", "kiln.nodes", "--partitions", "2", *as_admin)
+    kiln("topics", "create", "kiln.nodes.dlq", "--partitions", "1", *as_admin)
+    # The roles of docs/security.md, "ACLs", and nothing more.
+    for acl in (["--principal", "User:intake", "--operation", "write", "--operation", "create",
+                 "--topic", "kiln.nodes"],
+                ["--principal", "User:agent", "--operation", "read", "--group", "burnin"],
+                ["--principal", "User:agent", "--operation", "read", "--operation", "write",
+                 "--topic", "kiln.nodes"],
+                ["--principal", "User:agent", "--operation", "write", "--topic", "kiln.nodes.dlq"]):
+        kiln("acls", "create", "--allow", *acl, *as_admin)
+
+    db_url = f"sqlite://{tmp_path / 'kiln.db'}"
+    manifest = tmp_path / "rack.csv"
+    manifest.write_text(
+        "hostname,rack,bmc_address,gpu_model,gpu_count,firmware_bmc,firmware_bios,"
+        "firmware_gpu_vbios,firmware_nic\n"
+        "gpu-s-01,rack-sec,10.30.0.11,H100-SXM,8,1.10,2.3.1,96.00,28.39\n"
+        "gpu-s-02,rack-sec,10.30.0.12,H100-SXM,8,1.10,2.3.1,96.00,28.39\n")
+    # The password in a file, not on the command line; the rest as flags.
+    security = librdkafka_security(pki, "intake")
+    secret = tmp_path / "intake.kafka"
+    secret.write_text(f"# intake's librdkafka secrets\nsasl.password={security.pop('sasl.password')}\n")
+    intake_flags = [f"--kafka-config={k}={v}" for k, v in security.items()]
+    kiln("intake", "register", str(manifest), "--bootstrap", broker.addr,
+         "--database-url", db_url, "--kafka-config-file", str(secret), *intake_flags)
+
+    playbook = tmp_path / "playbook.yaml"
+    playbook.write_text(
+        "playbook: one-fails\ntimeout_s: 30\nchecks:\n"
+        "  - check: scripted\n    name: gpu_ecc\n    outcome: fail\n    hosts: [gpu-s-01]\n"
+        "    message: \"GPU 0: 3 uncorrected ECC errors\"\n")
+    kafka = "".join(f'"{k}" = "{v}"\n' for k, v in librdkafka_security(pki, "agent").items())
+    agent_cfg = tmp_path / "agent.toml"
+    agent_cfg.write_text(
+        f'bootstrap = "{broker.addr}"\ndatabase_url = "{db_url}"\nagent_id = "agent-sec"\n'
+        f'playbook = "{playbook}"\nretry_backoff_ms = 10\nretry_backoff_max_ms = 20\n'
+        f'session_timeout_ms = 6000\nmetrics_listen = "off"\n[kafka]\n{kafka}')
+    log = tmp_path / "agent.log"
+    with open(log, "wb") as f:
+        agent = subprocess.Popen([kiln_bin(), "agent", "--config", str(agent_cfg)],
+                                 stdin=subprocess.DEVNULL, stdout=f, stderr=f, env=clean_env())
+    try:
+        want = {"gpu-s-01": "dead_lettered", "gpu-s-02": "passed"}
+        deadline = time.monotonic() + 120
+        while True:
+            states = {}
+            for host in want:
+                cp = kiln("nodes", "show", host, "--json", "--database-url", db_url, check=False)
+                states[host] = json.loads(cp.stdout)["node"]["state"] if cp.returncode == 0 else None
+            if states == want:
+                break
+            assert agent.poll() is None, f"agent exited\n{log.read_text()[-4000:]}"
+            assert time.monotonic() < deadline, \
+                f"states {states}\n{log.read_text()[-4000:]}\n{broker.log_tail()}"
+            time.sleep(0.3)
+    finally:
+        agent.terminate()
+        agent.wait(timeout=15)
+    # The dead letter is on its topic, read back as admin.
+    letters = read_values(broker, "kiln.nodes.dlq", 1, 1, **sasl_as(pki, "admin"))
+    assert len(letters) == 1 and "gpu-s-01" in letters[0], letters
+    assert "refused by the ACLs" not in broker.log_tail(), broker.log_tail()

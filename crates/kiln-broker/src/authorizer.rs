@@ -107,9 +107,14 @@ impl Access {
             authorizer.allow_everyone_if_no_acl_found,
         );
         if !allowed && log {
-            tracing::info!(principal = %self.principal, host = %self.host, %operation, %resource_type, resource = name, "request refused by the ACLs");
+            self.log_refusal(operation, resource_type, name);
         }
         allowed
+    }
+
+    /// Logs a refusal the caller decided on (`sees` then a second rule, as InitProducerId).
+    pub fn log_refusal(&self, operation: Operation, resource_type: ResourceType, name: &str) {
+        tracing::info!(principal = %self.principal, host = %self.host, %operation, %resource_type, resource = name, "request refused by the ACLs");
     }
 
     /// `allows` on the one cluster resource.

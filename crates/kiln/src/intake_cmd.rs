@@ -25,6 +25,10 @@ pub struct IntakeArgs {
     /// Extra librdkafka producer setting (repeatable), e.g. linger.ms=20 or sasl.username=U.
     #[arg(long = "kafka-config", global = true, value_name = "KEY=VALUE")]
     kafka_config: Vec<String>,
+    /// File of librdkafka producer settings, one KEY=VALUE per line (`#` starts a comment),
+    /// applied before --kafka-config: the place for sasl.password, which must not be a flag.
+    #[arg(long = "kafka-config-file", global = true, value_name = "FILE")]
+    kafka_config_file: Option<PathBuf>,
     #[command(subcommand)]
     command: IntakeCommand,
 }
@@ -69,6 +73,9 @@ async fn connect(args: &IntakeArgs) -> anyhow::Result<Intake> {
     let store = Store::connect(&args.platform.store.database_url).await?;
     let mut config = ProducerConfig::new(&args.platform.bootstrap);
     config.topic = args.topic.clone();
+    if let Some(file) = &args.kafka_config_file {
+        config.extra.extend(read_kafka_config_file(file)?);
+    }
     for kv in &args.kafka_config {
         let Some((k, v)) = kv.split_once('=') else {
             bail!("--kafka-config {kv:?}: expected KEY=VALUE");
@@ -79,6 +86,38 @@ async fn connect(args: &IntakeArgs) -> anyhow::Result<Intake> {
     }
     let producer = NodeProducer::new(config)?;
     Ok(Intake::new(store, producer))
+}
+
+/// Longest `--kafka-config-file` read, in bytes: librdkafka settings, not data.
+const KAFKA_CONFIG_FILE_BYTES_MAX: u64 = 64 * 1024;
+
+/// `KEY=VALUE` lines; blank lines and `#` comments are skipped, anything else is refused with
+/// its line number (never its text: the line may hold a password).
+fn read_kafka_config_file(path: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    let shown = path.display();
+    let meta = std::fs::metadata(path).with_context(|| format!("--kafka-config-file {shown}"))?;
+    if meta.len() > KAFKA_CONFIG_FILE_BYTES_MAX {
+        bail!("--kafka-config-file {shown} is over {KAFKA_CONFIG_FILE_BYTES_MAX} bytes");
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("--kafka-config-file {shown}"))?;
+    let mut settings = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        match line.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => {
+                settings.push((k.trim().to_string(), v.trim().to_string()))
+            }
+            _ => bail!(
+                "--kafka-config-file {shown} line {}: expected KEY=VALUE",
+                i + 1
+            ),
+        }
+    }
+    Ok(settings)
 }
 
 fn read_manifest(path: &Path) -> anyhow::Result<Vec<u8>> {

@@ -56,12 +56,22 @@ pub fn init_producer_id(access: &Access, r: InitProducerIdRequest) -> Checked {
             Some(ResponseError::TransactionalIdAuthorizationFailed)
         }
         Some(_) => None,
-        None if access.allows_cluster(Operation::IdempotentWrite)
-            || access.allows_any(Operation::Write, ResourceType::Topic) =>
+        None if access.sees(
+            Operation::IdempotentWrite,
+            ResourceType::Cluster,
+            kiln_acl::CLUSTER_NAME,
+        ) || access.allows_any(Operation::Write, ResourceType::Topic) =>
         {
             None
         }
-        None => Some(CLUSTER_DENIED),
+        None => {
+            access.log_refusal(
+                Operation::IdempotentWrite,
+                ResourceType::Cluster,
+                kiln_acl::CLUSTER_NAME,
+            );
+            Some(CLUSTER_DENIED)
+        }
     };
     match refused {
         None => Checked::Serve(RequestKind::InitProducerId(r), None),
