@@ -250,8 +250,8 @@ def test_kiln_services_run_over_sasl_ssl_with_their_roles_acls(make_broker, tmp_
     secret = tmp_path / "intake.kafka"
     secret.write_text(f"# intake's librdkafka secrets\nsasl.password={security.pop('sasl.password')}\n")
     intake_flags = [f"--kafka-config={k}={v}" for k, v in security.items()]
-    kiln("intake", "register", str(manifest), "--bootstrap", broker.addr,
-         "--database-url", db_url, "--kafka-config-file", str(secret), *intake_flags)
+    intake = kiln("intake", "register", str(manifest), "--bootstrap", broker.addr,
+                  "--database-url", db_url, "--kafka-config-file", str(secret), *intake_flags)
 
     playbook = tmp_path / "playbook.yaml"
     playbook.write_text(
@@ -289,3 +289,9 @@ def test_kiln_services_run_over_sasl_ssl_with_their_roles_acls(make_broker, tmp_
     letters = read_values(broker, "kiln.nodes.dlq", 1, 1, **sasl_as(pki, "admin"))
     assert len(letters) == 1 and "gpu-s-01" in letters[0], letters
     assert "refused by the ACLs" not in broker.log_tail(), broker.log_tail()
+    # No password reaches a log of the run: the broker's, the agent's, or the CLI's output.
+    logs = {"broker": broker.log_text(), "agent": log.read_text(),
+            "intake": intake.stdout + intake.stderr}
+    for user, password in {**PASSWORDS, "admin": ADMIN_PASSWORD}.items():
+        for name, text in logs.items():
+            assert password not in text, f"{user}'s password is in the {name} log"

@@ -148,7 +148,10 @@ pub async fn serve<R, W>(
                     && !session.may_manage_users() =>
             {
                 tracing::warn!(%peer, principal = session.principal(), ?api_key, "refused: only a super user may manage SCRAM users");
-                if let Some(body) = handlers::users::refuse(&request.body) {
+                if let Some(body) = handlers::users::refuse(
+                    &request.body,
+                    "only a super user may manage SCRAM users",
+                ) {
                     if !send_ready(&slots_tx, encode(body)).await {
                         break;
                     }

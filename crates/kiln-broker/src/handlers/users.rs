@@ -84,15 +84,14 @@ pub fn describe(
 }
 
 /// The answer to a principal that may not manage users: CLUSTER_AUTHORIZATION_FAILED, for
-/// the request as a whole (Describe) or for every user it names (Alter).
-pub fn refuse(body: &kafka_protocol::messages::RequestKind) -> Option<ResponseKind> {
+/// the request as a whole (Describe) or for every user it names (Alter), saying `why`.
+pub fn refuse(
+    body: &kafka_protocol::messages::RequestKind,
+    why: &'static str,
+) -> Option<ResponseKind> {
     use kafka_protocol::messages::RequestKind;
     let code = ResponseError::ClusterAuthorizationFailed.code();
-    let message = || {
-        Some(StrBytes::from_static_str(
-            "only a super user may manage SCRAM users",
-        ))
-    };
+    let message = || Some(StrBytes::from_static_str(why));
     match body {
         RequestKind::DescribeUserScramCredentials(_) => {
             Some(ResponseKind::DescribeUserScramCredentials(

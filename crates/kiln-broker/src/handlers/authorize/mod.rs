@@ -89,7 +89,10 @@ fn cluster_wide(access: &Access, operation: Operation, body: RequestKind) -> Che
                 .with_error_message(Some(why.into())),
         )),
         RequestKind::DescribeUserScramCredentials(_)
-        | RequestKind::AlterUserScramCredentials(_) => super::users::refuse(&body),
+        | RequestKind::AlterUserScramCredentials(_) => super::users::refuse(
+            &body,
+            "managing SCRAM users needs a super user, or DESCRIBE (listing) or ALTER (changing) on the cluster",
+        ),
         _ => super::acls::refuse(&body, CLUSTER_DENIED, why),
     };
     match answer {
