@@ -245,33 +245,47 @@ impl SshShell {
                 command: command.to_string(),
                 reason: format!("ssh {}: open channel: {e}", self.target()),
             })?;
+        // From the exec on, the command may be running: until its process group id arrives,
+        // the guard holds the channel, so a timeout in this window still finds and kills it.
         let mut guard = RemoteKill {
             handle: handle.clone(),
             pgid: None,
+            unmarked: Some((channel, Vec::new())),
+            marked: None,
             armed: true,
             kills: self.kills.clone(),
         };
-        channel
-            .exec(true, wrap(command))
-            .await
-            .map_err(|e| ShellError::Spawn {
-                command: command.to_string(),
-                reason: format!("ssh {}: exec: {e}", self.target()),
-            })?;
-        let mut channel = channel;
+        if let Some((channel, _)) = guard.unmarked.as_mut() {
+            channel
+                .exec(true, wrap(command))
+                .await
+                .map_err(|e| ShellError::Spawn {
+                    command: command.to_string(),
+                    reason: format!("ssh {}: exec: {e}", self.target()),
+                })?;
+        }
         let mut stdout = Vec::new();
         let mut stderr = Vec::new();
         let mut truncated = false;
         let mut exit_code = None;
         let mut marker_done = false;
-        while let Some(msg) = channel.wait().await {
+        loop {
+            let msg = match (&mut guard.unmarked, &mut guard.marked) {
+                (Some((channel, _)), _) | (None, Some(channel)) => channel.wait().await,
+                (None, None) => unreachable!("the channel is in the guard until the end"),
+            };
+            let Some(msg) = msg else { break };
             match msg {
                 ChannelMsg::Data { data } => push_capped(&mut stdout, &data, &mut truncated),
                 ChannelMsg::ExtendedData { data, ext: 1 } => {
                     push_capped(&mut stderr, &data, &mut truncated);
                     if !marker_done {
+                        if let Some((_, seen)) = guard.unmarked.as_mut() {
+                            seen.clone_from(&stderr);
+                        }
                         if let Some((pgid, rest)) = take_marker(&stderr) {
                             guard.pgid = Some(pgid);
+                            guard.marked = guard.unmarked.take().map(|(c, _)| c);
                             stderr = rest;
                             marker_done = true;
                         }
@@ -286,7 +300,13 @@ impl SshShell {
             }
         }
         guard.armed = false;
-        let _ = channel.close().await;
+        if let Some(channel) = guard
+            .marked
+            .take()
+            .or_else(|| guard.unmarked.take().map(|(c, _)| c))
+        {
+            let _ = channel.close().await;
+        }
         Ok(CommandOutput {
             exit_code,
             stdout: String::from_utf8_lossy(&stdout).into_owned(),
@@ -355,11 +375,50 @@ fn push_capped(buf: &mut Vec<u8>, data: &[u8], truncated: &mut bool) {
 
 /// Kills the remote process group unless disarmed (the command finished on its own).
 /// Runs from `Drop`, so it spawns: the command's future may be dropped by a deadline.
+///
+/// The channel lives here: `unmarked` (with the stderr read so far) until the command's
+/// process group id has arrived, `marked` after. A guard dropped before the id arrived (a
+/// timeout shorter than the node takes to start the command) reads on for it in the
+/// background, up to `MARKER_WAIT`, then kills.
 struct RemoteKill {
     handle: Arc<Handle<Client>>,
     pgid: Option<u32>,
+    unmarked: Option<(russh::Channel<client::Msg>, Vec<u8>)>,
+    marked: Option<russh::Channel<client::Msg>>,
     armed: bool,
     kills: Arc<AtomicUsize>,
+}
+
+/// Longest a dropped command's process group id is waited for before giving up on killing it
+/// (logged): the node did not start it in that time, or its stderr is not ours.
+const MARKER_WAIT: Duration = Duration::from_secs(10);
+
+/// Reads `channel` until its stderr starts with the marker line; `None` if it closes first
+/// or `MARKER_WAIT` passes.
+async fn read_marker(
+    mut channel: russh::Channel<client::Msg>,
+    mut seen: Vec<u8>,
+) -> Option<(u32, russh::Channel<client::Msg>)> {
+    let read = async {
+        loop {
+            if let Some((pgid, _)) = take_marker(&seen) {
+                return Some(pgid);
+            }
+            match channel.wait().await? {
+                ChannelMsg::ExtendedData { data, ext: 1 } => {
+                    let mut truncated = false;
+                    push_capped(&mut seen, &data, &mut truncated);
+                }
+                ChannelMsg::Close | ChannelMsg::Eof => return None,
+                _ => {}
+            }
+        }
+    };
+    let pgid = tokio::time::timeout(MARKER_WAIT, read)
+        .await
+        .ok()
+        .flatten()?;
+    Some((pgid, channel))
 }
 
 impl Drop for RemoteKill {
@@ -367,13 +426,35 @@ impl Drop for RemoteKill {
         if !self.armed {
             return;
         }
-        let (Some(pgid), Ok(rt)) = (self.pgid, tokio::runtime::Handle::try_current()) else {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        let known = self.pgid;
+        let unmarked = self.unmarked.take();
+        if known.is_none() && unmarked.is_none() {
+            return;
+        }
         let handle = self.handle.clone();
         let kills = self.kills.clone();
         kills.fetch_add(1, Ordering::SeqCst);
         rt.spawn(async move {
+            let pgid = match (known, unmarked) {
+                (Some(pgid), _) => pgid,
+                (None, Some((channel, seen))) => match read_marker(channel, seen).await {
+                    Some((pgid, channel)) => {
+                        let _ = channel.close().await;
+                        pgid
+                    }
+                    None => {
+                        tracing::debug!(
+                            "a timed-out remote command never started (no process group id)"
+                        );
+                        kills.fetch_sub(1, Ordering::SeqCst);
+                        return;
+                    }
+                },
+                (None, None) => unreachable!("checked before spawning"),
+            };
             let kill = async {
                 let ch = handle.channel_open_session().await?;
                 ch.exec(true, format!("kill -KILL -- -{pgid}")).await?;
