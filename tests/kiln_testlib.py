@@ -466,3 +466,12 @@ def wait_for_login(broker: Broker, pki: Path, user: str, password: str,
             last = e
         time.sleep(0.2)
     raise AssertionError(f"the bootstrap user cannot log in: {last}\n{broker.log_tail()}")
+
+
+def broker_pki(root: Path) -> Path:
+    """A CA (`kiln certs ca`) under root/ca and node 0's certificate for 127.0.0.1 under
+    root/certs: what a one-broker `[tls]` test serves. Returns root."""
+    kiln("certs", "ca", "--dir", str(root / "ca"))
+    kiln("certs", "broker", "--ca-dir", str(root / "ca"), "--node", "0",
+         "--host", "127.0.0.1", "--out", str(root / "certs"))
+    return root

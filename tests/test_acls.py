@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln_testlib import (Broker, clean_env, free_port, kiln, kiln_bin, rdk_consumer, rdk_producer,
+from kiln_testlib import (Broker, broker_pki, clean_env, free_port, kiln, kiln_bin, rdk_consumer, rdk_producer,
                           rdk_sasl, read_values, wait_for_login)
 
 ADMIN_PASSWORD = "acl-admin-secret-41c9"
@@ -38,11 +38,7 @@ TOPIC = "acl.nodes"
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("acl-pki")
-    kiln("certs", "ca", "--dir", str(root / "ca"))
-    kiln("certs", "broker", "--ca-dir", str(root / "ca"), "--node", "0",
-         "--host", "127.0.0.1", "--out", str(root / "certs"))
-    return root
+    return broker_pki(tmp_path_factory.mktemp("acl-pki"))
 
 
 def acl_broker(make_broker, tmp_path: Path, pki: Path) -> Broker:

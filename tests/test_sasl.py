@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln_testlib import Broker, free_port, kiln, rdk_producer, rdk_sasl, read_values, wait_for_login
+from kiln_testlib import Broker, broker_pki, free_port, kiln, rdk_producer, rdk_sasl, read_values, wait_for_login
 
 JS = Path(__file__).resolve().parent / "js"
 ADMIN_PASSWORD = "bootstrap-secret-7f3a"
@@ -39,11 +39,7 @@ FAILED_DELAY_MS = 200
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("sasl-pki")
-    kiln("certs", "ca", "--dir", str(root / "ca"))
-    kiln("certs", "broker", "--ca-dir", str(root / "ca"), "--node", "0",
-         "--host", "127.0.0.1", "--out", str(root / "certs"))
-    return root
+    return broker_pki(tmp_path_factory.mktemp("sasl-pki"))
 
 
 def sasl_broker(make_broker, tmp_path: Path, pki: Path) -> Broker:

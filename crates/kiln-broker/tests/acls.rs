@@ -217,6 +217,54 @@ async fn every_api_asks_the_acls_and_refuses_with_kafka_s_errors() {
         vec![("open.nodes".into(), 0), ("kiln.secret".into(), denied)]
     );
 
+    // Both alter-configs APIs: refused on the denied topic, served on the open one.
+    let alter = IncrementalAlterConfigsRequest::default().with_resources(
+        ["kiln.secret", "open.nodes"]
+            .iter()
+            .map(|t| {
+                incremental_alter_configs_request::AlterConfigsResource::default()
+                    .with_resource_type(2)
+                    .with_resource_name(s(t))
+                    .with_configs(vec![
+                        incremental_alter_configs_request::AlterableConfig::default()
+                            .with_name(s("retention.ms"))
+                            .with_config_operation(0)
+                            .with_value(Some(s("3600000"))),
+                    ])
+            })
+            .collect(),
+    );
+    let ResponseKind::IncrementalAlterConfigs(r) = conn
+        .call(RequestKind::IncrementalAlterConfigs(alter), T)
+        .await
+        .unwrap()
+    else {
+        panic!("IncrementalAlterConfigs")
+    };
+    let mut codes: Vec<(String, i16)> = r
+        .responses
+        .iter()
+        .map(|c| (c.resource_name.to_string(), c.error_code))
+        .collect();
+    codes.sort();
+    assert_eq!(
+        codes,
+        vec![("kiln.secret".into(), denied), ("open.nodes".into(), 0)]
+    );
+    let alter = AlterConfigsRequest::default().with_resources(vec![
+        alter_configs_request::AlterConfigsResource::default()
+            .with_resource_type(2)
+            .with_resource_name(s("kiln.secret")),
+    ]);
+    let ResponseKind::AlterConfigs(r) = conn
+        .call(RequestKind::AlterConfigs(alter), T)
+        .await
+        .unwrap()
+    else {
+        panic!("AlterConfigs")
+    };
+    assert_eq!(r.responses[0].error_code, denied);
+
     // Groups: burnin allows DESCRIBE only, so joining it is GROUP_AUTHORIZATION_FAILED and
     // committing for it too; a group nobody named is open.
     let group_denied = code(ResponseError::GroupAuthorizationFailed);

@@ -175,6 +175,26 @@ pub fn offset_commit(access: &Access, mut r: OffsetCommitRequest) -> Checked {
     )
 }
 
+/// Of an OffsetFetch answer's topics (v1-v7's and v8+'s lists have the same fields under
+/// different types), leaves out those `access` may not describe when `listing_all`, else
+/// answers their partitions TOPIC_AUTHORIZATION_FAILED with no offset.
+macro_rules! hide_topics {
+    ($topics:expr, $access:expr, $listing_all:expr) => {{
+        let listing_all = $listing_all;
+        $topics.retain_mut(|t| {
+            if $access.sees(Operation::Describe, ResourceType::Topic, &t.name) {
+                return true;
+            }
+            for p in &mut t.partitions {
+                p.committed_offset = -1;
+                p.metadata = None;
+                p.error_code = TOPIC_DENIED.code();
+            }
+            !listing_all
+        });
+    }};
+}
+
 /// OffsetFetch: DESCRIBE on each group; of a group's topics, those the principal may not
 /// describe are left out of an all-topics fetch and answered TOPIC_AUTHORIZATION_FAILED when
 /// named. v1-v7 carry one group at the top level, v8+ a list.
@@ -187,23 +207,7 @@ pub fn offset_fetch(access: &Access, mut r: OffsetFetchRequest) -> Checked {
         let access = access.clone();
         let patch: Patch = Box::new(move |response| match response {
             ResponseKind::OffsetFetch(mut f) => {
-                f.topics = std::mem::take(&mut f.topics)
-                    .into_iter()
-                    .filter_map(|mut t| {
-                        if access.sees(Operation::Describe, ResourceType::Topic, &t.name) {
-                            return Some(t);
-                        }
-                        if listing_all {
-                            return None;
-                        }
-                        for p in &mut t.partitions {
-                            p.committed_offset = -1;
-                            p.metadata = None;
-                            p.error_code = TOPIC_DENIED.code();
-                        }
-                        Some(t)
-                    })
-                    .collect();
+                hide_topics!(f.topics, access, listing_all);
                 ResponseKind::OffsetFetch(f)
             }
             other => other,
@@ -234,24 +238,7 @@ pub fn offset_fetch(access: &Access, mut r: OffsetFetchRequest) -> Checked {
     {
         ResponseKind::OffsetFetch(mut f) => {
             for g in &mut f.groups {
-                let all = listing_all.contains(&g.group_id);
-                g.topics = std::mem::take(&mut g.topics)
-                    .into_iter()
-                    .filter_map(|mut t| {
-                        if access.sees(Operation::Describe, ResourceType::Topic, &t.name) {
-                            return Some(t);
-                        }
-                        if all {
-                            return None;
-                        }
-                        for p in &mut t.partitions {
-                            p.committed_offset = -1;
-                            p.metadata = None;
-                            p.error_code = TOPIC_DENIED.code();
-                        }
-                        Some(t)
-                    })
-                    .collect();
+                hide_topics!(g.topics, access, listing_all.contains(&g.group_id));
             }
             f.groups.extend(refused);
             ResponseKind::OffsetFetch(f)

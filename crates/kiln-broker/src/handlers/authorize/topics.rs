@@ -401,77 +401,59 @@ pub fn describe_configs(access: &Access, mut r: DescribeConfigsRequest) -> Check
     )
 }
 
-pub fn alter_configs(access: &Access, mut r: AlterConfigsRequest) -> Checked {
-    use kafka_protocol::messages::alter_configs_response::AlterConfigsResourceResponse;
-    let (ok, refused) = split_resources(std::mem::take(&mut r.resources), |c| {
-        config_resource(
-            access,
-            Operation::AlterConfigs,
-            c.resource_type,
-            &c.resource_name,
-        )
-    });
-    r.resources = ok;
-    let nothing_left = r.resources.is_empty();
-    let refused: Vec<AlterConfigsResourceResponse> = refused
-        .into_iter()
-        .map(|(c, error)| {
-            AlterConfigsResourceResponse::default()
-                .with_error_code(error.code())
-                .with_resource_type(c.resource_type)
-                .with_resource_name(c.resource_name)
-        })
-        .collect();
-    finish(
-        RequestKind::AlterConfigs(r),
-        nothing_left,
-        refused,
-        || ResponseKind::AlterConfigs(AlterConfigsResponse::default()),
-        |response, refused| match response {
-            ResponseKind::AlterConfigs(mut a) => {
-                a.responses.extend(refused);
-                ResponseKind::AlterConfigs(a)
-            }
-            other => other,
-        },
-    )
+/// AlterConfigs and IncrementalAlterConfigs: the same check on two request types with the
+/// same fields.
+macro_rules! alter_configs {
+    ($name:ident, $request:ident, $kind:ident, $response:ident, $entry:path) => {
+        pub fn $name(access: &Access, mut r: $request) -> Checked {
+            use $entry as Entry;
+            let (ok, refused) = split_resources(std::mem::take(&mut r.resources), |c| {
+                config_resource(
+                    access,
+                    Operation::AlterConfigs,
+                    c.resource_type,
+                    &c.resource_name,
+                )
+            });
+            r.resources = ok;
+            let nothing_left = r.resources.is_empty();
+            let refused: Vec<Entry> = refused
+                .into_iter()
+                .map(|(c, error)| {
+                    Entry::default()
+                        .with_error_code(error.code())
+                        .with_resource_type(c.resource_type)
+                        .with_resource_name(c.resource_name)
+                })
+                .collect();
+            finish(
+                RequestKind::$kind(r),
+                nothing_left,
+                refused,
+                || ResponseKind::$kind($response::default()),
+                |response, refused| match response {
+                    ResponseKind::$kind(mut a) => {
+                        a.responses.extend(refused);
+                        ResponseKind::$kind(a)
+                    }
+                    other => other,
+                },
+            )
+        }
+    };
 }
 
-pub fn incremental_alter_configs(
-    access: &Access,
-    mut r: IncrementalAlterConfigsRequest,
-) -> Checked {
-    use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
-    let (ok, refused) = split_resources(std::mem::take(&mut r.resources), |c| {
-        config_resource(
-            access,
-            Operation::AlterConfigs,
-            c.resource_type,
-            &c.resource_name,
-        )
-    });
-    r.resources = ok;
-    let nothing_left = r.resources.is_empty();
-    let refused: Vec<AlterConfigsResourceResponse> = refused
-        .into_iter()
-        .map(|(c, error)| {
-            AlterConfigsResourceResponse::default()
-                .with_error_code(error.code())
-                .with_resource_type(c.resource_type)
-                .with_resource_name(c.resource_name)
-        })
-        .collect();
-    finish(
-        RequestKind::IncrementalAlterConfigs(r),
-        nothing_left,
-        refused,
-        || ResponseKind::IncrementalAlterConfigs(IncrementalAlterConfigsResponse::default()),
-        |response, refused| match response {
-            ResponseKind::IncrementalAlterConfigs(mut a) => {
-                a.responses.extend(refused);
-                ResponseKind::IncrementalAlterConfigs(a)
-            }
-            other => other,
-        },
-    )
-}
+alter_configs!(
+    alter_configs,
+    AlterConfigsRequest,
+    AlterConfigs,
+    AlterConfigsResponse,
+    kafka_protocol::messages::alter_configs_response::AlterConfigsResourceResponse
+);
+alter_configs!(
+    incremental_alter_configs,
+    IncrementalAlterConfigsRequest,
+    IncrementalAlterConfigs,
+    IncrementalAlterConfigsResponse,
+    kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse
+);
