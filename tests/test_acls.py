@@ -1,8 +1,8 @@
 """ACLs on the Kafka listener, with real clients (docs/security.md, "ACLs").
 
 One broker with `[tls]`, `[sasl]` (SCRAM-SHA-512; `admin` is the bootstrap user and so a super
-user) and `[authorization]` (nothing is allowed that no ACL allows). Users `agent` and
-`intake` are made with `kiln users`.
+user) and `[authorization]` (nothing is allowed that no ACL allows). Users `agent`,
+`intake` and `dashboard` are made with `kiln users`.
 
 - With no ACLs, `agent` sees no topics in Metadata and its produce is refused.
 - The burn-in agents' role: READ on group `burnin` and on topic `acl.nodes`. Then `agent`
@@ -17,13 +17,17 @@ user) and `[authorization]` (nothing is allowed that no ACL allows). Users `agen
 - A broker without `[authorization]` answers the ACL APIs SECURITY_DISABLED.
 - Kiln's own librdkafka services over SASL_SSL, each as its role's user with only the ACLs
   docs/security.md lists for it: `kiln intake register` queues a manifest, a real `kiln agent`
-  burns the nodes in (group `burnin`), retries a failing one ten times and dead-letters it.
+  burns the nodes in (group `burnin`), retries a failing one ten times and dead-letters it;
+  `kiln dashboard`, as `dashboard` with DESCRIBE on the group and the topic, samples burnin's
+  lag over SASL_SSL (kiln-client) and shows it drained.
 """
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -32,7 +36,8 @@ from kiln_testlib import (Broker, broker_pki, clean_env, free_port, kiln, kiln_b
                           rdk_sasl, read_values, wait_for_login)
 
 ADMIN_PASSWORD = "acl-admin-secret-41c9"
-PASSWORDS = {"agent": "agent-secret-77d1", "intake": "intake-secret-90be"}
+PASSWORDS = {"agent": "agent-secret-77d1", "intake": "intake-secret-90be",
+             "dashboard": "dashboard-secret-5c3a"}
 TOPIC = "acl.nodes"
 
 
@@ -231,7 +236,10 @@ def test_kiln_services_run_over_sasl_ssl_with_their_roles_acls(make_broker, tmp_
                 ["--principal", "User:agent", "--operation", "read", "--group", "burnin"],
                 ["--principal", "User:agent", "--operation", "read", "--operation", "write",
                  "--topic", "kiln.nodes"],
-                ["--principal", "User:agent", "--operation", "write", "--topic", "kiln.nodes.dlq"]):
+                ["--principal", "User:agent", "--operation", "write", "--topic", "kiln.nodes.dlq"],
+                ["--principal", "User:dashboard", "--operation", "describe", "--group", "burnin"],
+                ["--principal", "User:dashboard", "--operation", "describe",
+                 "--topic", "kiln.nodes"]):
         kiln("acls", "create", "--allow", *acl, *as_admin)
 
     db_url = f"sqlite://{tmp_path / 'kiln.db'}"
@@ -281,13 +289,46 @@ def test_kiln_services_run_over_sasl_ssl_with_their_roles_acls(make_broker, tmp_
     finally:
         agent.terminate()
         agent.wait(timeout=15)
+    dashboard_log = dashboard_lag_over_sasl_ssl(broker, pki, tmp_path, db_url)
     # The dead letter is on its topic, read back as admin.
     letters = read_values(broker, "kiln.nodes.dlq", 1, 1, **sasl_as(pki, "admin"))
     assert len(letters) == 1 and "gpu-s-01" in letters[0], letters
     assert "refused by the ACLs" not in broker.log_tail(), broker.log_tail()
     # No password reaches a log of the run: the broker's, the agent's, or the CLI's output.
     logs = {"broker": broker.log_text(), "agent": log.read_text(),
-            "intake": intake.stdout + intake.stderr}
+            "intake": intake.stdout + intake.stderr, "dashboard": dashboard_log}
     for user, password in {**PASSWORDS, "admin": ADMIN_PASSWORD}.items():
         for name, text in logs.items():
             assert password not in text, f"{user}'s password is in the {name} log"
+
+
+def dashboard_lag_over_sasl_ssl(broker: Broker, pki: Path, tmp_path: Path, db_url: str) -> str:
+    """`kiln dashboard` samples lag as User:dashboard (DESCRIBE on the group and the topic)
+    over SASL_SSL: its /lag page shows burnin's committed offsets on both partitions, lag 0.
+    Returns its log."""
+    log = tmp_path / "dashboard.log"
+    with open(log, "wb") as err:
+        dash = subprocess.Popen(
+            [kiln_bin(), "dashboard", "--listen", "127.0.0.1:0", "--database-url", db_url,
+             "--lag-interval-s", "0.3", *cli_as(broker, pki, tmp_path, "dashboard")],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=clean_env())
+    try:
+        line = dash.stdout.readline().decode()
+        m = re.search(r"(http://127\.0\.0\.1:\d+)/", line)
+        assert m, f"no listening line: {line!r}\n{log.read_text()}"
+        deadline = time.monotonic() + 30
+        while True:
+            with urllib.request.urlopen(f"{m.group(1)}/lag", timeout=10) as resp:
+                page = resp.read().decode()
+            rows = re.findall(r"<td>burnin</td><td>kiln\.nodes</td><td class=\"num\">(\d)</td>"
+                              r"<td class=\"num\">([^<]+)</td><td class=\"num\">(\d+)</td>"
+                              r"<td class=\"num\">(\d+)</td>", page)
+            if len(rows) == 2 and all(r[3] == "0" for r in rows) and "The last sample" not in page:
+                break
+            assert dash.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"{rows}\n{page[-2000:]}\n{log.read_text()[-3000:]}"
+            time.sleep(0.3)
+    finally:
+        dash.terminate()
+        dash.wait(timeout=15)
+    return log.read_text()

@@ -343,7 +343,7 @@ impl BoundBroker {
                             }
                             Some(acceptor) => {
                                 if let Some((tls, principal)) =
-                                    handshake(acceptor, stream, peer).await
+                                    kiln_tls::accept_client(acceptor, stream, peer).await
                                 {
                                     let (read, write) = tokio::io::split(tls);
                                     connection::serve(broker, read, write, peer, principal).await;
@@ -377,91 +377,20 @@ impl BoundBroker {
     }
 }
 
-/// Longest a client's TLS handshake may take; its connection slot is held meanwhile.
-const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Finishes a client's TLS handshake, with the principal its certificate names (none without
-/// one); `None` (logged) when it fails or takes too long.
-async fn handshake(
-    acceptor: kiln_tls::TlsAcceptor,
-    stream: tokio::net::TcpStream,
-    peer: SocketAddr,
-) -> Option<(
-    kiln_tls::ServerStream<tokio::net::TcpStream>,
-    Option<String>,
-)> {
-    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-        Ok(Ok(tls)) => {
-            let principal = tls
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|chain| chain.first())
-                .map(kiln_tls::principal_of);
-            let principal = match principal {
-                Some(Ok(principal)) => {
-                    tracing::debug!(%peer, %principal, "TLS client connected");
-                    Some(principal)
-                }
-                // The CA signed it, so the connection stands; it is anonymous to the ACLs.
-                Some(Err(e)) => {
-                    tracing::warn!(%peer, error = %e, "TLS client's subject unreadable; its principal is User:ANONYMOUS");
-                    None
-                }
-                None => {
-                    tracing::debug!(%peer, "TLS client connected without a certificate");
-                    None
-                }
-            };
-            Some((tls, principal))
-        }
-        // Closed before a ClientHello: a port check (load balancer, monitoring), not a client.
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-            tracing::debug!(%peer, error = %e, "connection closed before its TLS handshake");
-            None
-        }
-        Ok(Err(e)) => {
-            tracing::warn!(%peer, error = %e, "refused a client: TLS handshake failed");
-            None
-        }
-        Err(_) => {
-            tracing::warn!(%peer, timeout = ?TLS_HANDSHAKE_TIMEOUT, "refused a client: TLS handshake timed out");
-            None
-        }
-    }
-}
-
 /// On every SIGHUP, reads the Kafka listener's and the Raft transport's certificate files
 /// again; new handshakes use them, open connections stay. A file that fails to load leaves
 /// the old settings serving, and the error names it.
 async fn reload_tls_on_sighup(broker: Arc<Broker>) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hup = match signal(SignalKind::hangup()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for SIGHUP; certificates are read at start only");
-            return;
-        }
-    };
-    while hup.recv().await.is_some() {
+    kiln_tls::on_sighup(|| {
         if let Some(tls) = &broker.tls {
-            match tls.reload() {
-                Ok(()) => tracing::info!("SIGHUP: reloaded the Kafka listener's TLS certificate"),
-                Err(e) => {
-                    tracing::error!(error = %e, "SIGHUP: keeping the Kafka listener's old TLS settings")
-                }
-            }
+            kiln_tls::log_reload("the Kafka listener", tls.reload());
         }
         if let kiln_raft::net::Transport::MutualTls(tls) = &broker.raft_transport {
-            match tls.reload() {
-                Ok(()) => tracing::info!("SIGHUP: reloaded the Raft transport's TLS certificates"),
-                Err(e) => {
-                    tracing::error!(error = %e, "SIGHUP: keeping the Raft transport's old TLS settings")
-                }
-            }
+            kiln_tls::log_reload("the Raft transport", tls.reload());
         }
         if broker.tls.is_none() && !broker.raft_transport.is_authenticated() {
             tracing::info!("SIGHUP: no TLS settings to reload");
         }
-    }
+    })
+    .await
 }

@@ -106,9 +106,14 @@ pub struct LagSampler {
 }
 
 impl LagSampler {
-    pub fn new(bootstrap: impl Into<String>, timeout: Duration) -> LagSampler {
+    /// Samples from `bootstrap`, over TLS and with a SASL login as `security` says.
+    pub fn new(
+        bootstrap: impl Into<String>,
+        timeout: Duration,
+        security: kiln_client::Security,
+    ) -> LagSampler {
         LagSampler {
-            cluster: Cluster::new(bootstrap, timeout),
+            cluster: Cluster::new(bootstrap, timeout).with_security(security),
         }
     }
 

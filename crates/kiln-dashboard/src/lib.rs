@@ -7,7 +7,9 @@
 //! attempts, then runs, each check's verdict, measured values and evidence), `/dead-letters`
 //! (`?action=rma` filters by action), `/lag`, and `/healthz`. See docs/dashboard.md.
 //!
-//! Embedding: [`serve`] runs the dashboard on a bound listener until `shutdown` completes;
+//! Embedding: [`serve`] runs the dashboard on a bound listener until `shutdown` completes,
+//! behind kiln-web's guard (`config.web`: TLS, and with a token file a token with `read`
+//! scope on every page but `/healthz`, asked for with HTTP Basic so a browser prompts);
 //! [`router`] gives the axum router alone (tests, other servers).
 
 pub mod chart;
@@ -49,6 +51,12 @@ pub struct DashboardConfig {
     pub broker_timeout: Duration,
     /// Pages reload themselves this often (the operator can switch it off on the page).
     pub refresh_secs: u64,
+    /// How the lag sampler reaches the broker (TLS, SASL).
+    pub kafka: kiln_client::Security,
+    /// How the dashboard's own listener is secured.
+    pub web: kiln_web::WebSecurity,
+    /// Connections served at once.
+    pub connections_max: usize,
 }
 
 impl DashboardConfig {
@@ -60,6 +68,9 @@ impl DashboardConfig {
             lag_series_max: 512,
             broker_timeout: Duration::from_secs(5),
             refresh_secs: 10,
+            kafka: kiln_client::Security::default(),
+            web: kiln_web::WebSecurity::default(),
+            connections_max: kiln_web::CONNECTIONS_MAX_DEFAULT,
         }
     }
 }
@@ -124,13 +135,27 @@ pub async fn serve(
             bootstrap,
             config.lag_interval,
             config.broker_timeout,
+            config.kafka.clone(),
             state.lag(),
             stop_rx,
         ))
     });
-    let result = axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let guard = kiln_web::Guard::new(
+        "kiln dashboard",
+        kiln_web::Scope::Read,
+        kiln_web::Challenge::Basic,
+        config.web.tokens.clone(),
+        &["/healthz"],
+    );
+    let result = kiln_web::serve(
+        listener,
+        router(state),
+        guard,
+        &config.web,
+        config.connections_max,
+        shutdown,
+    )
+    .await;
     let _ = stop_tx.send(true);
     if let Some(task) = sampler {
         let _ = task.await;
@@ -144,10 +169,11 @@ pub async fn run_sampler(
     bootstrap: String,
     interval: Duration,
     timeout: Duration,
+    security: kiln_client::Security,
     history: Arc<Mutex<LagHistory>>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut sampler = LagSampler::new(bootstrap, timeout);
+    let mut sampler = LagSampler::new(bootstrap, timeout, security);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -7,17 +7,22 @@
 //!   502 when some nodes could not be delivered to the queue (the body lists them);
 //!   503 when the store or the Kafka cluster cannot be reached.
 //! - `GET /healthz`: 200 `{"status": "ok"}` when the store answers, else 503.
+//!
+//! [`serve`] puts kiln-web's guard in front: with a token file every request but `/healthz`
+//! needs a token with `write` scope (401 without, 403 with another scope), and a write that
+//! looks like a browser's (an `Origin`, a form's content type) is refused with 403.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, Extension, Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use kiln_manifest::{FieldError, Format};
+use kiln_web::{Caller, Challenge, Guard, Scope, WebSecurity};
 use serde::Serialize;
 
 use crate::{Intake, IntakeError, NoProgress};
@@ -58,15 +63,32 @@ pub fn router(intake: Arc<Intake>) -> Router {
         .with_state(intake)
 }
 
-/// Serves the API on `listener` until `shutdown` resolves.
+/// Connections the API serves at once.
+pub const CONNECTIONS_MAX: usize = kiln_web::CONNECTIONS_MAX_DEFAULT;
+
+/// Serves the API on `listener`, secured as `security` says, until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     intake: Arc<Intake>,
+    security: &WebSecurity,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(intake))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let guard = Guard::new(
+        "kiln intake",
+        Scope::Write,
+        Challenge::Bearer,
+        security.tokens.clone(),
+        &["/healthz"],
+    );
+    kiln_web::serve(
+        listener,
+        router(intake),
+        guard,
+        security,
+        CONNECTIONS_MAX,
+        shutdown,
+    )
+    .await
 }
 
 async fn healthz(State(intake): State<Arc<Intake>>) -> Response {
@@ -82,9 +104,11 @@ async fn healthz(State(intake): State<Arc<Intake>>) -> Response {
 async fn register_manifest(
     State(intake): State<Arc<Intake>>,
     Path(rack): Path<String>,
+    caller: Option<Extension<Caller>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let by = caller.map_or_else(|| Caller::Anonymous.to_string(), |c| c.0.to_string());
     if let Err(reason) = kiln_manifest::validate_rack(&rack) {
         return error(
             StatusCode::BAD_REQUEST,
@@ -112,7 +136,7 @@ async fn register_manifest(
     let manifest = match parsed {
         Ok(Ok(m)) => m,
         Ok(Err(errs)) => {
-            tracing::info!(rack, errors = errs.count(), "manifest refused");
+            tracing::info!(rack, %by, errors = errs.count(), "manifest refused");
             let body = ErrorBody {
                 error: format!(
                     "manifest refused: {} error(s), nothing was queued",
@@ -134,6 +158,7 @@ async fn register_manifest(
         Ok(reg) => {
             tracing::info!(
                 rack,
+                %by,
                 nodes = reg.nodes,
                 queued = reg.queued.len(),
                 already_in_progress = reg.already_in_progress.len(),

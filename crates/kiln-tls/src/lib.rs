@@ -9,19 +9,26 @@
 //! - `settings`: rustls settings built from those files: [`PeerTls`] for mutual TLS between
 //!   brokers, [`ServerTls`] for a Kafka listener (client certificates optional or required),
 //!   reloadable without dropping connections (a reload swaps the settings new handshakes use).
+//! - `accept`: the server side of a client's handshake ([`accept_client`]), with its timeout,
+//!   its log lines and the client certificate's principal; the callers own the sockets.
+//! - `reload`: SIGHUP reads the files again ([`on_sighup`], [`log_reload`]).
 //! - `ca`: a small certificate authority (rcgen) for `kiln certs` and the tests.
 //!
 //! Every configuration uses rustls's ring provider (the one the rest of Kiln uses) and its safe
 //! default protocol versions (TLS 1.2 and 1.3).
 
+mod accept;
 mod ca;
 mod identity;
 mod pem;
+mod reload;
 mod settings;
 
+pub use accept::{accept_client, HANDSHAKE_TIMEOUT};
 pub use ca::{Ca, Issued, Validity};
 pub use identity::{node_name, node_of, principal_of, subject_dn, NODE_NAME_PREFIX};
 pub use pem::{load_cert_chain, load_private_key, load_roots};
+pub use reload::{log_reload, on_sighup};
 pub use settings::{
     client_connector, ClientAuth, PeerTls, PeerTlsFiles, ServerTls, ServerTlsFiles,
 };

@@ -1,7 +1,8 @@
 //! `kiln certs`: a cluster CA and the certificates Kiln's TLS settings take (docs/security.md).
 //!
 //! `ca` makes the CA (`ca.crt`, `ca.key`); `broker` a broker's certificate, naming
-//! `kiln-node-<id>` for the Raft transport and the Kafka listener's host names; `client` a
+//! `kiln-node-<id>` for the Raft transport and the Kafka listener's host names; `server` an
+//! HTTPS certificate for intake or the dashboard, naming its hosts; `client` a
 //! client certificate whose principal is `User:CN=<name>,O=Kiln`. Keys are written readable by
 //! their owner only; nothing is overwritten.
 
@@ -46,6 +47,21 @@ enum CertsCommand {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Issue an HTTPS certificate for intake or the dashboard: OUT/<NAME>.crt and .key.
+    Server {
+        #[arg(long)]
+        ca_dir: PathBuf,
+        /// The service's name: its CN and the file names.
+        #[arg(long)]
+        name: String,
+        /// Host names or IP addresses clients reach it at (repeatable, at least one).
+        #[arg(long = "host", required = true)]
+        hosts: Vec<String>,
+        #[arg(long, default_value_t = 730)]
+        days: u32,
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Issue a client certificate: OUT/<NAME>.crt and .key, principal User:CN=<NAME>,O=Kiln.
     Client {
         #[arg(long)]
@@ -87,9 +103,32 @@ fn file_name(name: &str) -> anyhow::Result<&str> {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         && !name.starts_with('.');
     if !ok {
-        bail!("client name {name:?} must be letters, digits, '-', '_' or '.' (it names the files)");
+        bail!("name {name:?} must be letters, digits, '-', '_' or '.' (it names the files)");
     }
     Ok(name)
+}
+
+/// A certificate to issue.
+struct Cert<'a> {
+    common_name: &'a str,
+    names: &'a [String],
+    validity: Validity,
+}
+
+impl Cert<'_> {
+    /// Issues it with the CA in `ca_dir` as `out/<stem>.crt` and `.key` (neither may exist);
+    /// returns `out/<stem>` for the message.
+    fn issue(&self, ca_dir: &Path, out: &Path, stem: &str) -> anyhow::Result<String> {
+        let ca = load_ca(ca_dir)?;
+        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+        refuse_existing(&[
+            out.join(format!("{stem}.crt")),
+            out.join(format!("{stem}.key")),
+        ])?;
+        ca.issue(self.common_name, self.names, self.validity)?
+            .write(out, stem)?;
+        Ok(out.join(stem).display().to_string())
+    }
 }
 
 pub fn run(args: CertsArgs) -> anyhow::Result<()> {
@@ -111,29 +150,36 @@ pub fn run(args: CertsArgs) -> anyhow::Result<()> {
             days,
             out,
         } => {
-            let ca = load_ca(&ca_dir)?;
-            let stem = format!("node-{node}");
-            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-            refuse_existing(&[
-                out.join(format!("{stem}.crt")),
-                out.join(format!("{stem}.key")),
-            ])?;
             let mut names = vec![kiln_tls::node_name(node)];
             names.extend(hosts);
-            ca.issue(
-                &kiln_tls::node_name(node),
-                &names,
-                Validity {
+            let cert = Cert {
+                common_name: &kiln_tls::node_name(node),
+                names: &names,
+                validity: Validity {
                     days,
                     expired: false,
                 },
-            )?
-            .write(&out, &stem)?;
-            println!(
-                "wrote {}/{stem}.crt and .key, naming {}",
-                out.display(),
-                names.join(", ")
-            );
+            };
+            let stem = cert.issue(&ca_dir, &out, &format!("node-{node}"))?;
+            println!("wrote {stem}.crt and .key, naming {}", names.join(", "));
+        }
+        CertsCommand::Server {
+            ca_dir,
+            name,
+            hosts,
+            days,
+            out,
+        } => {
+            let cert = Cert {
+                common_name: &name,
+                names: &hosts,
+                validity: Validity {
+                    days,
+                    expired: false,
+                },
+            };
+            let stem = cert.issue(&ca_dir, &out, file_name(&name)?)?;
+            println!("wrote {stem}.crt and .key, naming {}", hosts.join(", "));
         }
         CertsCommand::Client {
             ca_dir,
@@ -142,19 +188,13 @@ pub fn run(args: CertsArgs) -> anyhow::Result<()> {
             expired,
             out,
         } => {
-            let stem = file_name(&name)?.to_string();
-            let ca = load_ca(&ca_dir)?;
-            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-            refuse_existing(&[
-                out.join(format!("{stem}.crt")),
-                out.join(format!("{stem}.key")),
-            ])?;
-            ca.issue(&name, &[], Validity { days, expired })?
-                .write(&out, &stem)?;
-            println!(
-                "wrote {}/{stem}.crt and .key, principal User:CN={name},O=Kiln",
-                out.display()
-            );
+            let cert = Cert {
+                common_name: &name,
+                names: &[],
+                validity: Validity { days, expired },
+            };
+            let stem = cert.issue(&ca_dir, &out, file_name(&name)?)?;
+            println!("wrote {stem}.crt and .key, principal User:CN={name},O=Kiln");
         }
     }
     Ok(())

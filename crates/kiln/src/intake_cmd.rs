@@ -14,6 +14,7 @@ use kiln_queue::{NodeProducer, ProducerConfig};
 use kiln_store::Store;
 
 use crate::platform_args::PlatformArgs;
+use crate::web_args::WebArgs;
 
 #[derive(Args, Debug)]
 pub struct IntakeArgs {
@@ -54,6 +55,8 @@ enum IntakeCommand {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
+        #[command(flatten)]
+        web: WebArgs,
     },
 }
 
@@ -65,7 +68,7 @@ pub async fn run(args: IntakeArgs) -> anyhow::Result<()> {
             rack,
             json,
         } => register(&args, manifest, *format, rack.as_deref(), *json).await,
-        IntakeCommand::Serve { listen } => serve(&args, *listen).await,
+        IntakeCommand::Serve { listen, web } => serve(&args, *listen, web).await,
     }
 }
 
@@ -253,7 +256,8 @@ fn print_summary(path: &Path, reg: &Registration, total_s: f64) {
     );
 }
 
-async fn serve(args: &IntakeArgs, listen: SocketAddr) -> anyhow::Result<()> {
+async fn serve(args: &IntakeArgs, listen: SocketAddr, web: &WebArgs) -> anyhow::Result<()> {
+    let security = web.security("kiln intake", listen)?;
     let intake = connect(args).await?;
     if let Err(e) = intake.producer().check_topic().await {
         tracing::warn!(error = %e, "the node topic is not usable yet; registrations will fail until it is");
@@ -262,14 +266,21 @@ async fn serve(args: &IntakeArgs, listen: SocketAddr) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let bound = listener.local_addr()?;
+    let scheme = if security.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     tracing::info!(
-        "intake listening on http://{bound} (store {}, bootstrap {}, topic {})",
+        tokens = security.tokens.is_some(),
+        client_certificates = security.authenticates() && security.tokens.is_none(),
+        "intake listening on {scheme}://{bound} (store {}, bootstrap {}, topic {})",
         kiln_store::redact_url(&args.platform.store.database_url),
         args.platform.bootstrap,
         args.topic
     );
     let intake = Arc::new(intake);
-    kiln_intake::http::serve(listener, intake.clone(), shutdown_signal())
+    kiln_intake::http::serve(listener, intake.clone(), &security, shutdown_signal())
         .await
         .context("intake HTTP server failed")?;
     intake.store().close().await;

@@ -17,9 +17,11 @@ mod probe_cmd;
 mod settings;
 mod sim_cmd;
 mod status_cmd;
+mod tokens_cmd;
 mod topic_configs_cmd;
 mod topics_cmd;
 mod users_cmd;
+mod web_args;
 
 use std::process::ExitCode;
 
@@ -76,6 +78,8 @@ enum Command {
     Users(users_cmd::UsersArgs),
     /// Create, delete and list the ACLs a broker with [authorization] enforces.
     Acls(acls_cmd::AclsArgs),
+    /// Create, list and revoke the bearer tokens of intake and the dashboard.
+    Tokens(tokens_cmd::TokensArgs),
 }
 
 fn main() -> ExitCode {
@@ -122,6 +126,7 @@ fn main() -> ExitCode {
             Command::Certs(args) => certs_cmd::run(args).map(|()| ExitCode::SUCCESS),
             Command::Users(args) => users_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Acls(args) => acls_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Tokens(args) => tokens_cmd::run(args).map(|()| ExitCode::SUCCESS),
             // Its exit status tells pass, fail and could-not-measure apart.
             Command::Playbook(args) => playbook_cmd::run(args).await,
             Command::Probe(_) => unreachable_probe().map(|()| ExitCode::SUCCESS),

@@ -80,7 +80,11 @@ fn lag_is_log_end_minus_committed_per_group_and_partition() {
     commit(&addr, "burnin", "kiln.nodes", &[(0, 2)]);
     commit(&addr, "mailer", "reports", &[(0, 1)]);
 
-    let mut sampler = LagSampler::new(addr.clone(), Duration::from_secs(10));
+    let mut sampler = LagSampler::new(
+        addr.clone(),
+        Duration::from_secs(10),
+        kiln_client::Security::default(),
+    );
     let readings = rt.block_on(sampler.sample()).expect("sample");
     let by_key: std::collections::BTreeMap<_, _> =
         readings.iter().map(|r| (r.key.clone(), r)).collect();

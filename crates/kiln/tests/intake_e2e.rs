@@ -449,6 +449,21 @@ fn cli_and_http_end_to_end(db_url: Option<String>) {
         "text/plain",
         b"x",
     );
+    // A form's content type: what a browser's cross-site post would send.
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("refuses writes from browsers")),
+        "{body}"
+    );
+    let (status, body) = http(
+        &server.1,
+        "POST",
+        "/v1/racks/h/manifest",
+        "application/xml",
+        b"x",
+    );
     assert_eq!(status, 415, "{body}");
     let (status, reg) = http(
         &server.1,
