@@ -120,13 +120,15 @@ class Cluster:
 
     def __init__(self, root: Path, size: int = CLUSTER_SIZE, settings: dict | None = None,
                  cluster_settings: dict | None = None, metrics: bool = False,
-                 extra_config=None):
+                 extra_config=None, peer_listeners=None):
         """`settings`: extra top-level broker settings (TOML scalars) for every node;
         `cluster_settings`: extra or overriding keys of the [cluster] section; `metrics`:
         each node serves GET /metrics on its own free loopback port (`metrics_port`,
         `scrape`) instead of none; `extra_config(node_id)`: TOML text appended to that node's
-        file (whole tables, such as `[cluster.tls]`)."""
+        file (whole tables, such as `[cluster.tls]`); `peer_listeners(node_id)`: that node's
+        `{listener name: host:port}` for its `[[cluster.peers]]` entry in every file."""
         self.extra_config = extra_config
+        self.peer_listeners = peer_listeners or (lambda node_id: {})
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.size = size
@@ -182,6 +184,10 @@ class Cluster:
             lines += ["", "[[cluster.peers]]", f"id = {i}",
                       f"kafka = {toml(f'127.0.0.1:{self.kafka_port[i]}')}",
                       f"raft = {toml(f'127.0.0.1:{self.raft_port[i]}')}"]
+            listeners = self.peer_listeners(i)
+            if listeners:
+                pairs = ", ".join(f"{toml(k)} = {toml(v)}" for k, v in listeners.items())
+                lines.append(f"listeners = {{ {pairs} }}")
         if self.extra_config is not None:
             lines += ["", self.extra_config(node_id)]
         return "\n".join(lines) + "\n"

@@ -17,6 +17,7 @@ user) and `[authorization]` (nothing is allowed that no ACL allows). Users `agen
 - A broker without `[authorization]` answers the ACL APIs SECURITY_DISABLED.
 - Kiln's own librdkafka services over SASL_SSL, each as its role's user with only the ACLs
   docs/security.md lists for it: `kiln intake register` queues a manifest, a real `kiln agent`
+  (its password from `kafka_password_file`)
   burns the nodes in (group `burnin`), retries a failing one ten times and dead-letters it;
   `kiln dashboard`, as `dashboard` with DESCRIBE on the group and the topic, samples burnin's
   lag over SASL_SSL (kiln-client) and shows it drained.
@@ -262,12 +263,17 @@ def test_kiln_services_run_over_sasl_ssl_with_their_roles_acls(make_broker, tmp_
         "playbook: one-fails\ntimeout_s: 30\nchecks:\n"
         "  - check: scripted\n    name: gpu_ecc\n    outcome: fail\n    hosts: [gpu-s-01]\n"
         "    message: \"GPU 0: 3 uncorrected ECC errors\"\n")
-    kafka = "".join(f'"{k}" = "{v}"\n' for k, v in librdkafka_security(pki, "agent").items())
+    # The agent's password from a file (kafka_password_file), the rest in [kafka].
+    agent_security = librdkafka_security(pki, "agent")
+    agent_pw = tmp_path / "agent.kafka-password"
+    agent_pw.write_text(agent_security.pop("sasl.password") + "\n")
+    kafka = "".join(f'"{k}" = "{v}"\n' for k, v in agent_security.items())
     agent_cfg = tmp_path / "agent.toml"
     agent_cfg.write_text(
         f'bootstrap = "{broker.addr}"\ndatabase_url = "{db_url}"\nagent_id = "agent-sec"\n'
         f'playbook = "{playbook}"\nretry_backoff_ms = 10\nretry_backoff_max_ms = 20\n'
-        f'session_timeout_ms = 6000\nmetrics_listen = "off"\n[kafka]\n{kafka}')
+        f'session_timeout_ms = 6000\nmetrics_listen = "off"\n'
+        f'kafka_password_file = "{agent_pw}"\n[kafka]\n{kafka}')
     log = tmp_path / "agent.log"
     with open(log, "wb") as f:
         agent = subprocess.Popen([kiln_bin(), "agent", "--config", str(agent_cfg)],

@@ -50,7 +50,9 @@ pub struct AgentConfig {
     /// Consumer session timeout, ms.
     pub session_timeout_ms: u64,
     /// Extra librdkafka settings for consumer and producer (e.g. `security.protocol`).
-    pub kafka: std::collections::BTreeMap<String, String>,
+    pub kafka: kiln_queue::KafkaSettings,
+    /// File whose first line is librdkafka's `sasl.password` (instead of `[kafka]`).
+    pub kafka_password_file: Option<PathBuf>,
     /// `host:port` of the Prometheus text endpoint (`GET /metrics`); "off" disables it. Agents
     /// sharing a host need one port each.
     pub metrics_listen: String,
@@ -83,6 +85,7 @@ impl Default for AgentConfig {
             run_grace_ms: 30_000,
             session_timeout_ms: 10_000,
             kafka: Default::default(),
+            kafka_password_file: None,
             metrics_listen: "127.0.0.1:9645".into(),
             fail_fast: FailFastSettings::default(),
             remediation: RemediationSettings::default(),
@@ -105,7 +108,13 @@ impl AgentConfig {
         let config: AgentConfig =
             kiln_settings::load(kiln_settings::Service::Agent, Some(path), env)
                 .with_context(|| format!("reading agent settings {}", path.display()))?;
+        let mut config = config;
         config.validate()?;
+        if let Some(file) = config.kafka_password_file.clone() {
+            config
+                .kafka
+                .add_password_file("kafka_password_file", &file)?;
+        }
         Ok(config)
     }
 

@@ -49,6 +49,7 @@ impl Authorizer {
 pub struct Access {
     principal: Arc<str>,
     host: Arc<str>,
+    listener: Arc<str>,
     rules: Option<(Arc<Authorizer>, Arc<Cluster>)>,
 }
 
@@ -56,14 +57,22 @@ impl Access {
     pub fn new(
         principal: &str,
         host: std::net::IpAddr,
+        listener: &str,
         authorizer: Option<&Arc<Authorizer>>,
         cluster: &Arc<Cluster>,
     ) -> Access {
         Access {
             principal: principal.into(),
             host: host.to_string().into(),
+            listener: listener.into(),
             rules: authorizer.map(|a| (a.clone(), cluster.clone())),
         }
+    }
+
+    /// The listener the connection came in on: Metadata, DescribeCluster and FindCoordinator
+    /// answer with the brokers' addresses on it.
+    pub fn listener(&self) -> &str {
+        &self.listener
     }
 
     /// Whether ACLs are checked on this listener (`[authorization]` is set).

@@ -15,6 +15,9 @@ pub struct BrokerConfig {
     pub listen: SocketAddr,
     /// `host:port` clients are told to connect to; defaults to `listen`.
     pub advertised_address: Option<String>,
+    /// The main listener's PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL; default: TLS with
+    /// `[tls]`, SASL with `[sasl]`. Set, `[tls]` and `[sasl]` may serve only `[[listeners]]`.
+    pub security_protocol: Option<crate::listeners::SecurityProtocol>,
     /// Directory holding the broker's metadata and every partition's segments.
     pub data_dir: PathBuf,
     /// Create a topic when a client asks for one that does not exist (off: typos should fail loudly).
@@ -71,6 +74,9 @@ pub struct BrokerConfig {
     /// `[authorization]`: every request is checked against the cluster's ACLs (docs/security.md);
     /// absent, every client may do everything, and the ACL APIs answer SECURITY_DISABLED.
     pub authorization: Option<AuthorizationSettings>,
+    /// `[[listeners]]`: more Kafka listeners beside `listen`, each with its own address,
+    /// advertised address and security protocol (`crate::listeners`).
+    pub listeners: Vec<crate::listeners::ListenerSettings>,
 }
 
 /// `[authorization]`: who is above the ACLs, and what happens where none is set.
@@ -196,11 +202,11 @@ impl SaslSettings {
             (Some(user), Some(file)) => {
                 kiln_sasl::check_user_name(user)
                     .map_err(|e| format!("sasl.bootstrap_user: {e}"))?;
-                let text = std::fs::read_to_string(file)
-                    .map_err(|e| format!("sasl.bootstrap_password_file {}: {e}", file.display()))?;
+                let password =
+                    kiln_settings::read_secret_file("sasl.bootstrap_password_file", file)
+                        .map_err(|e| e.to_string())?;
                 warn_if_others_may_read(file);
-                let password = text.lines().next().unwrap_or("");
-                if password.is_empty() || password.len() > kiln_sasl::PASSWORD_BYTES_MAX {
+                if password.len() > kiln_sasl::PASSWORD_BYTES_MAX {
                     return Err(format!(
                         "sasl.bootstrap_password_file {}: the first line must hold a password of 1 to {} bytes",
                         file.display(),
@@ -318,6 +324,9 @@ pub struct PeerSettings {
     pub kafka: String,
     /// `host:port` of its Raft listener.
     pub raft: String,
+    /// Its advertised address on each of `[[listeners]]`, by name.
+    #[serde(default)]
+    pub listeners: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for ClusterSettings {
@@ -438,6 +447,7 @@ impl Default for BrokerConfig {
             node_id: 0,
             listen: SocketAddr::from(([127, 0, 0, 1], 9092)),
             advertised_address: None,
+            security_protocol: None,
             data_dir: PathBuf::from("kiln-data"),
             auto_create_topics: false,
             default_partitions: 1,
@@ -463,6 +473,7 @@ impl Default for BrokerConfig {
             tls: None,
             sasl: None,
             authorization: None,
+            listeners: Vec::new(),
         }
     }
 }
@@ -506,6 +517,13 @@ impl BrokerConfig {
         self.advertised_address
             .clone()
             .unwrap_or_else(|| self.listen.to_string())
+    }
+
+    /// The main listener's security protocol (see `security_protocol`).
+    pub fn main_security(&self) -> crate::listeners::SecurityProtocol {
+        self.security_protocol.unwrap_or_else(|| {
+            crate::listeners::SecurityProtocol::of_main(self.tls.is_some(), self.sasl.is_some())
+        })
     }
 
     /// Checks relations between settings that serde cannot.
@@ -576,6 +594,14 @@ impl BrokerConfig {
         if let Some(cluster) = &self.cluster {
             cluster.validate(self.node_id)?;
         }
+        crate::listeners::validate(
+            &self.listeners,
+            self.main_security(),
+            self.listen,
+            self.tls.is_some(),
+            self.sasl.is_some(),
+            self.cluster.as_ref().map(|c| c.peers.as_slice()),
+        )?;
         split_host_port(&self.advertised()).map(|_| ())
     }
 
@@ -647,6 +673,11 @@ impl BrokerConfig {
                     id: self.node_id,
                     kafka: self.advertised(),
                     raft: String::new(),
+                    listeners: self
+                        .listeners
+                        .iter()
+                        .map(|l| (l.name.clone(), l.advertised()))
+                        .collect(),
                 }],
                 default_replication_factor: 1,
                 ..ClusterSettings::default()
@@ -677,6 +708,7 @@ mod tests {
                 id: 1,
                 kafka: "127.0.0.1:9092".into(),
                 raft: "127.0.0.1:9093".into(),
+                listeners: Default::default(),
             }],
             ..ClusterSettings::default()
         }

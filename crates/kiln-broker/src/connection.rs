@@ -35,13 +35,15 @@ type Slot = oneshot::Receiver<Outcome>;
 
 /// Serves one client over the two halves of its stream: a TCP stream's own halves (no lock
 /// between them), or `tokio::io::split` of a TLS stream whose handshake is done, whose client
-/// certificate named `tls_principal`.
+/// certificate named `tls_principal`, that came in on `listener` (which says whether SASL is
+/// required and whose addresses Metadata answers with).
 pub async fn serve<R, W>(
     broker: Arc<Broker>,
     read_half: R,
     write_half: W,
     peer: SocketAddr,
     tls_principal: Option<String>,
+    listener: Arc<crate::listeners::Listener>,
 ) where
     R: AsyncRead + Send + Unpin + 'static,
     W: AsyncWrite + Send + Unpin + 'static,
@@ -49,7 +51,8 @@ pub async fn serve<R, W>(
     let (slots_tx, slots_rx) = mpsc::channel::<Slot>(broker.config.max_in_flight_per_connection);
     let writer = tokio::spawn(write_responses(write_half, slots_rx, peer));
     let mut reader = BufReader::with_capacity(64 * 1024, read_half);
-    let mut session = Session::new(broker.sasl.clone());
+    let sasl = broker.sasl.clone().filter(|_| listener.security.sasl());
+    let mut session = Session::new(sasl);
     // Who the ACLs see: set again once SASL authenticates (`authorizer.rs`).
     let access_as = |session: &Session| {
         let principal = session
@@ -59,6 +62,7 @@ pub async fn serve<R, W>(
         Access::new(
             principal,
             peer.ip(),
+            &listener.name,
             broker.authorizer.as_ref(),
             &broker.cluster,
         )

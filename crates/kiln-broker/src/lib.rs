@@ -18,6 +18,7 @@ mod errors;
 pub mod groups;
 mod handlers;
 mod identity;
+pub mod listeners;
 mod login_failures;
 mod metrics;
 mod retention;

@@ -13,6 +13,7 @@ use crate::cluster::{self, Cluster};
 use crate::config::{split_host_port, BrokerConfig};
 use crate::groups::{self, Coordinator};
 use crate::identity::{self, DataDirLock, Identity};
+use crate::listeners::{Listener, SecurityProtocol, MAIN_LISTENER};
 use crate::{connection, convert, metrics, retention};
 
 /// State shared by every connection.
@@ -40,6 +41,8 @@ pub struct Broker {
 pub struct BoundBroker {
     broker: Arc<Broker>,
     listener: TcpListener,
+    /// `[[listeners]]`, bound, each with what its connections know of it.
+    extra_listeners: Vec<(Arc<Listener>, TcpListener)>,
     /// The metrics endpoint's socket; `None` when metrics are off or the port was taken.
     metrics_listener: Option<TcpListener>,
 }
@@ -85,7 +88,9 @@ impl Broker {
                 let listener = crate::sasl::SaslListener::new(settings)
                     .map_err(anyhow::Error::msg)
                     .context("[sasl]")?;
-                if listener.offers_plain() && tls.is_none() {
+                if listener.offers_plain()
+                    && config.main_security() == SecurityProtocol::SaslPlaintext
+                {
                     tracing::warn!("[sasl] offers PLAIN without [tls]: passwords cross the network in the clear");
                 }
                 Some(Arc::new(listener))
@@ -102,6 +107,29 @@ impl Broker {
         };
         let (advertised_host, advertised_port) =
             split_host_port(&advertised).map_err(anyhow::Error::msg)?;
+        let mut extra_listeners = Vec::new();
+        let mut extra_advertised = std::collections::BTreeMap::new();
+        for l in &config.listeners {
+            let tcp = TcpListener::bind(l.listen)
+                .await
+                .with_context(|| format!("binding listener {:?} on {}", l.name, l.listen))?;
+            let bound = tcp.local_addr()?;
+            let shown = match &l.advertised_address {
+                Some(a) => a.clone(),
+                None => bound.to_string(),
+            };
+            if l.security_protocol == SecurityProtocol::SaslPlaintext
+                && sasl.as_ref().is_some_and(|s| s.offers_plain())
+            {
+                tracing::warn!(listener = %l.name, "SASL_PLAINTEXT with PLAIN: passwords cross the network in the clear");
+            }
+            extra_advertised.insert(l.name.clone(), shown);
+            let listener = Listener {
+                name: l.name.clone(),
+                security: l.security_protocol,
+            };
+            extra_listeners.push((Arc::new(listener), tcp));
+        }
         let mut settings = config.cluster_settings();
         let raft_transport = settings
             .transport(config.node_id)
@@ -110,6 +138,7 @@ impl Broker {
             None => {
                 for peer in &mut settings.peers {
                     peer.kafka = advertised.clone();
+                    peer.listeners = extra_advertised.clone();
                 }
                 None
             }
@@ -188,6 +217,7 @@ impl Broker {
         Ok(BoundBroker {
             broker,
             listener,
+            extra_listeners,
             metrics_listener,
         })
     }
@@ -268,6 +298,7 @@ impl BoundBroker {
         let Self {
             broker,
             listener,
+            extra_listeners,
             metrics_listener,
         } = self;
         tracing::info!(
@@ -281,6 +312,9 @@ impl BoundBroker {
             "listening on {}",
             listener.local_addr()?
         );
+        for (l, tcp) in &extra_listeners {
+            tracing::info!(listener = %l.name, security = %l.security.name(), "listening on {}", tcp.local_addr()?);
+        }
         let retention_task = tokio::spawn(retention::run(
             broker.clone(),
             Duration::from_millis(broker.config.retention_check_interval_ms.max(1)),
@@ -318,47 +352,22 @@ impl BoundBroker {
         if broker.config.cluster.is_none() {
             wait_until_ready_alone(&broker).await;
         }
+        // One connection limit for all listeners: it bounds the broker's sockets.
         let permits = Arc::new(Semaphore::new(broker.config.max_connections));
-        tokio::pin!(shutdown);
-        loop {
-            let permit = tokio::select! {
-                _ = &mut shutdown => break,
-                permit = permits.clone().acquire_owned() => permit.context("connection limiter closed")?,
-            };
-            let accepted = tokio::select! {
-                _ = &mut shutdown => break,
-                accepted = listener.accept() => accepted,
-            };
-            match accepted {
-                Ok((stream, peer)) => {
-                    if let Err(e) = stream.set_nodelay(true) {
-                        tracing::debug!(%peer, error = %e, "set_nodelay failed");
-                    }
-                    let broker = broker.clone();
-                    tokio::spawn(async move {
-                        match broker.tls.as_ref().map(|tls| tls.acceptor()) {
-                            None => {
-                                let (read, write) = stream.into_split();
-                                connection::serve(broker, read, write, peer, None).await
-                            }
-                            Some(acceptor) => {
-                                if let Some((tls, principal)) =
-                                    kiln_tls::accept_client(acceptor, stream, peer).await
-                                {
-                                    let (read, write) = tokio::io::split(tls);
-                                    connection::serve(broker, read, write, peer, principal).await;
-                                }
-                            }
-                        }
-                        drop(permit);
-                    });
-                }
-                // Running out of file descriptors must not end the broker: wait and retry.
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
+        let extra_tasks: Vec<_> = extra_listeners
+            .into_iter()
+            .map(|(l, tcp)| tokio::spawn(accept_loop(broker.clone(), tcp, l, permits.clone())))
+            .collect();
+        let main = Arc::new(Listener {
+            name: MAIN_LISTENER.to_string(),
+            security: broker.config.main_security(),
+        });
+        tokio::select! {
+            _ = shutdown => {}
+            () = accept_loop(broker.clone(), listener, main, permits) => {}
+        }
+        for task in extra_tasks {
+            task.abort();
         }
         tracing::info!("shutting down");
         retention_task.abort();
@@ -374,6 +383,52 @@ impl BoundBroker {
         }
         broker.cluster.shutdown().await;
         Ok(())
+    }
+}
+
+/// Accepts `listener`'s connections (each holding one of `permits` while it lives) until the
+/// caller drops this future. Running out of file descriptors must not end the broker: a failed
+/// accept waits and retries.
+async fn accept_loop(
+    broker: Arc<Broker>,
+    tcp: TcpListener,
+    listener: Arc<Listener>,
+    permits: Arc<Semaphore>,
+) {
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            unreachable!("the connection limiter is never closed");
+        };
+        let (stream, peer) = match tcp.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!(listener = %listener.name, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(%peer, error = %e, "set_nodelay failed");
+        }
+        let broker = broker.clone();
+        let listener = listener.clone();
+        tokio::spawn(async move {
+            if listener.security.tls() {
+                let Some(tls) = broker.tls.as_ref() else {
+                    unreachable!("validate: a TLS listener needs [tls]");
+                };
+                if let Some((tls, principal)) =
+                    kiln_tls::accept_client(tls.acceptor(), stream, peer).await
+                {
+                    let (read, write) = tokio::io::split(tls);
+                    connection::serve(broker, read, write, peer, principal, listener).await;
+                }
+            } else {
+                let (read, write) = stream.into_split();
+                connection::serve(broker, read, write, peer, None, listener).await
+            }
+            drop(permit);
+        });
     }
 }
 

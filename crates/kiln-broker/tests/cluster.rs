@@ -72,6 +72,7 @@ impl Cluster {
                 id: i as i32 + 1,
                 kafka: format!("127.0.0.1:{kafka}"),
                 raft: format!("127.0.0.1:{raft}"),
+                listeners: Default::default(),
             })
             .collect();
         let configs: Vec<BrokerConfig> = ports

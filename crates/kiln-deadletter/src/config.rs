@@ -3,7 +3,6 @@
 //! (`KILN_DEADLETTER__SMTP__PASSWORD=...`). Empty strings mean "not set": the `config` crate
 //! layers plain values more predictably than options.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
@@ -32,7 +31,9 @@ pub struct DeadletterConfig {
     /// Timeout of each store operation, ms.
     pub step_timeout_ms: u64,
     /// Extra librdkafka settings for the consumer (e.g. `security.protocol`).
-    pub kafka: BTreeMap<String, String>,
+    pub kafka: kiln_queue::KafkaSettings,
+    /// File whose first line is librdkafka's `sasl.password` (instead of `[kafka]`).
+    pub kafka_password_file: Option<PathBuf>,
     pub report: ReportConfig,
     /// `smtp` or `file`.
     pub transport: TransportKind,
@@ -140,7 +141,8 @@ impl Default for DeadletterConfig {
             session_timeout_ms: 10_000,
             catch_up_timeout_ms: 30_000,
             step_timeout_ms: 30_000,
-            kafka: BTreeMap::new(),
+            kafka: kiln_queue::KafkaSettings::default(),
+            kafka_password_file: None,
             report: ReportConfig::default(),
             transport: TransportKind::Smtp,
             smtp: SmtpConfig::default(),
@@ -203,12 +205,17 @@ impl DeadletterConfig {
     /// (`kiln_settings::load`); validated.
     pub fn load(path: Option<&Path>) -> anyhow::Result<DeadletterConfig> {
         let shown = path.map_or("(no file)".to_string(), |p| p.display().to_string());
-        let config: DeadletterConfig =
+        let mut config: DeadletterConfig =
             kiln_settings::load(kiln_settings::Service::Deadletter, path, std::env::vars())
                 .with_context(|| format!("reading deadletter settings {shown}"))?;
         config
             .validate()
             .with_context(|| format!("deadletter settings {shown}"))?;
+        if let Some(file) = config.kafka_password_file.clone() {
+            config
+                .kafka
+                .add_password_file("kafka_password_file", &file)?;
+        }
         Ok(config)
     }
 

@@ -94,10 +94,7 @@ fn smtp_transport(c: &SmtpConfig) -> anyhow::Result<AsyncSmtpTransport<Tokio1Exe
         let password = if c.password_file.as_os_str().is_empty() {
             c.password.clone()
         } else {
-            let s = std::fs::read_to_string(&c.password_file).with_context(|| {
-                format!("reading smtp.password_file {}", c.password_file.display())
-            })?;
-            s.trim_end_matches(['\r', '\n']).to_string()
+            kiln_settings::read_secret_file("smtp.password_file", &c.password_file)?
         };
         b = b.credentials(Credentials::new(c.username.clone(), password));
     } else if !c.password.is_empty() || !c.password_file.as_os_str().is_empty() {

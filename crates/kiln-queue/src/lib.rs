@@ -25,6 +25,9 @@ use serde::{Deserialize, Serialize};
 
 pub use rdkafka;
 
+mod settings;
+pub use settings::{KafkaSettings, SASL_PASSWORD};
+
 /// The topic intake produces to and agents consume.
 pub const NODES_TOPIC: &str = "kiln.nodes";
 /// The version of [`NodeMessage`] this code writes and reads.

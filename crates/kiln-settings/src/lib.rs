@@ -65,6 +65,38 @@ pub enum SettingsError {
         file: String,
         error: String,
     },
+    #[error("{setting} {path}: {reason}")]
+    Secret {
+        setting: String,
+        path: String,
+        reason: String,
+    },
+}
+
+/// Largest secret file read, in bytes: a password or key, not data.
+pub const SECRET_FILE_BYTES_MAX: u64 = 64 * 1024;
+
+/// The secret in a `*_password_file` setting's file: its first line, without the line end.
+/// Errors name the setting and the file, never what the file holds; an empty secret is one.
+pub fn read_secret_file(setting: &str, path: &Path) -> Result<String, SettingsError> {
+    let fail = |reason: String| SettingsError::Secret {
+        setting: setting.to_string(),
+        path: path.display().to_string(),
+        reason,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| fail(e.to_string()))?;
+    if meta.len() > SECRET_FILE_BYTES_MAX {
+        return Err(fail(format!(
+            "is {} bytes; a secret file holds at most {SECRET_FILE_BYTES_MAX}",
+            meta.len()
+        )));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
+    let secret = text.lines().next().unwrap_or("").trim_end_matches('\r');
+    if secret.is_empty() {
+        return Err(fail("its first line is empty".into()));
+    }
+    Ok(secret.to_string())
 }
 
 /// Loads `T` for `service`: defaults, then `file` (if given), then the service's variables in

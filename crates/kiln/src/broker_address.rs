@@ -77,12 +77,7 @@ impl BrokerAddress {
             return Ok(None);
         };
         let password = match (&self.sasl_password_file, std::env::var("KILN_SASL_PASSWORD")) {
-            (Some(file), _) => {
-                let text = std::fs::read_to_string(file).map_err(|e| {
-                    anyhow::anyhow!("reading --sasl-password-file {}: {e}", file.display())
-                })?;
-                text.lines().next().unwrap_or("").to_string()
-            }
+            (Some(file), _) => kiln_settings::read_secret_file("--sasl-password-file", file)?,
             (None, Ok(p)) => p,
             (None, Err(_)) => anyhow::bail!(
                 "--sasl-user {user} needs a password: --sasl-password-file FILE or KILN_SASL_PASSWORD"

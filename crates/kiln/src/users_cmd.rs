@@ -148,12 +148,7 @@ fn parse_mechanisms(names: &[String]) -> anyhow::Result<Vec<Mechanism>> {
 
 fn new_password(file: Option<&std::path::Path>) -> anyhow::Result<String> {
     let password = match file {
-        Some(f) => std::fs::read_to_string(f)
-            .with_context(|| format!("reading --password-file {}", f.display()))?
-            .lines()
-            .next()
-            .unwrap_or("")
-            .to_string(),
+        Some(f) => kiln_settings::read_secret_file("--password-file", f)?,
         None => std::env::var("KILN_NEW_USER_PASSWORD")
             .context("a new password comes from --password-file FILE or KILN_NEW_USER_PASSWORD")?,
     };

@@ -83,8 +83,23 @@ impl ClusterTopic {
 #[derive(Debug, Clone)]
 pub struct PeerBroker {
     pub id: i32,
+    /// Its main listener's advertised address.
     pub host: String,
     pub port: i32,
+    /// Its addresses on `[[listeners]]`, by name.
+    pub listeners: crate::listeners::Endpoints,
+}
+
+impl PeerBroker {
+    /// Where a client of `listener` reaches this broker; `None` where it has no such listener.
+    pub fn endpoint(&self, listener: &str) -> Option<(&str, i32)> {
+        if listener == crate::listeners::MAIN_LISTENER {
+            return Some((&self.host, self.port));
+        }
+        self.listeners
+            .get(listener)
+            .map(|(host, port)| (host.as_str(), *port))
+    }
 }
 
 /// Serializable: a controller's refusal of a forwarded change travels back as it is
@@ -264,10 +279,16 @@ impl Cluster {
         let mut raft_peers = BTreeMap::new();
         for peer in &settings.peers {
             let (host, port) = split_host_port(&peer.kafka).map_err(anyhow::Error::msg)?;
+            let mut listeners = crate::listeners::Endpoints::new();
+            for (name, address) in &peer.listeners {
+                let endpoint = split_host_port(address).map_err(anyhow::Error::msg)?;
+                listeners.insert(name.clone(), endpoint);
+            }
             brokers.push(PeerBroker {
                 id: peer.id,
                 host,
                 port,
+                listeners,
             });
             let id = replica::node(peer.id).context("negative peer id")?;
             if !peer.raft.is_empty() {

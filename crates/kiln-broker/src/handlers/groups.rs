@@ -44,15 +44,20 @@ fn now_reply(kind: ResponseKind) -> Reply {
 
 // -------------------------------------------------------------------- FindCoordinator
 
+/// FindCoordinator for a request that came in on `listener`: the coordinator's address on it.
 pub fn find_coordinator(
     broker: &Arc<Broker>,
     request: FindCoordinatorRequest,
     version: i16,
+    listener: &str,
 ) -> FindCoordinatorResponse {
     // The coordinator is the leader of the replicated offsets group.
     let cluster = &broker.cluster;
-    let (node, host, port, unavailable) = match cluster.broker(cluster.offsets.leader().0) {
-        Some(b) => (BrokerId(b.id), s(&b.host), b.port, false),
+    let coordinator = cluster
+        .broker(cluster.offsets.leader().0)
+        .and_then(|b| Some((b.id, b.endpoint(listener)?)));
+    let (node, host, port, unavailable) = match coordinator {
+        Some((id, (host, port))) => (BrokerId(id), s(host), port, false),
         None => (BrokerId(-1), s(""), -1, true),
     };
     let check = |key: &StrBytes| -> Result<(), (ResponseError, String)> {

@@ -20,9 +20,11 @@ use crate::cluster::{Cluster, ClusterTopic};
 use crate::errors::cluster_error_code;
 use crate::server::Broker;
 
+/// Metadata for a request that came in on `listener`.
 pub async fn handle(
     broker: Arc<Broker>,
     cluster: Arc<Cluster>,
+    listener: Arc<str>,
     request: MetadataRequest,
 ) -> MetadataResponse {
     let topics = match request.topics {
@@ -86,14 +88,19 @@ pub async fn handle(
             out
         }
     };
+    // Each broker at its address on the listener this request came in on (a broker without
+    // one is left out, as Kafka does).
     let brokers = cluster
         .brokers
         .iter()
-        .map(|b| {
-            MetadataResponseBroker::default()
-                .with_node_id(BrokerId(b.id))
-                .with_host(StrBytes::from_string(b.host.clone()))
-                .with_port(b.port)
+        .filter_map(|b| {
+            let (host, port) = b.endpoint(&listener)?;
+            Some(
+                MetadataResponseBroker::default()
+                    .with_node_id(BrokerId(b.id))
+                    .with_host(StrBytes::from_string(host.to_string()))
+                    .with_port(port),
+            )
         })
         .collect();
     MetadataResponse::default()
@@ -143,21 +150,25 @@ fn describe(cluster: &Cluster, topic: &ClusterTopic) -> MetadataResponseTopic {
         .with_partitions(partitions)
 }
 
-/// DescribeCluster: the same brokers, cluster id and controller as Metadata. Kiln has one
-/// listener per broker, so every endpoint type gets the same addresses; no broker is fenced.
+/// DescribeCluster: the same brokers, cluster id and controller as Metadata, at their
+/// addresses on the request's `listener` (every endpoint type gets those); no broker is fenced.
 pub fn describe_cluster(
     broker: &Broker,
     cluster: &Cluster,
+    listener: &str,
     include_operations: bool,
 ) -> DescribeClusterResponse {
     let brokers = cluster
         .brokers
         .iter()
-        .map(|b| {
-            DescribeClusterBroker::default()
-                .with_broker_id(BrokerId(b.id))
-                .with_host(StrBytes::from_string(b.host.clone()))
-                .with_port(b.port)
+        .filter_map(|b| {
+            let (host, port) = b.endpoint(listener)?;
+            Some(
+                DescribeClusterBroker::default()
+                    .with_broker_id(BrokerId(b.id))
+                    .with_host(StrBytes::from_string(host.to_string()))
+                    .with_port(port),
+            )
         })
         .collect();
     DescribeClusterResponse::default()

@@ -72,8 +72,9 @@ fn serve(
         ))),
         RequestKind::Metadata(req) => {
             let (broker, cluster) = (broker.clone(), cluster.clone());
+            let listener: Arc<str> = access.listener().into();
             Reply::Later(Box::pin(async move {
-                ResponseKind::Metadata(metadata::handle(broker, cluster, req).await)
+                ResponseKind::Metadata(metadata::handle(broker, cluster, listener, req).await)
             }))
         }
         RequestKind::Produce(req) => produce::handle(cluster, req),
@@ -96,7 +97,12 @@ fn serve(
         RequestKind::CreatePartitions(req) => partitions::create_partitions(cluster, req),
         RequestKind::DeleteRecords(req) => partitions::delete_records(cluster, req),
         RequestKind::DescribeCluster(req) => Reply::Now(Box::new(ResponseKind::DescribeCluster(
-            metadata::describe_cluster(broker, cluster, req.include_cluster_authorized_operations),
+            metadata::describe_cluster(
+                broker,
+                cluster,
+                access.listener(),
+                req.include_cluster_authorized_operations,
+            ),
         ))),
         RequestKind::DescribeUserScramCredentials(req) => Reply::Now(Box::new(
             ResponseKind::DescribeUserScramCredentials(users::describe(cluster, req)),
@@ -125,7 +131,7 @@ fn serve(
             let serving = broker.groups.store().is_serving();
             match refuse::refuse(cluster, serving, &body) {
                 Some(refusal) => refusal,
-                None => dispatch_groups(broker, version, body, header),
+                None => dispatch_groups(broker, version, body, header, access.listener()),
             }
         }
     }
@@ -136,10 +142,11 @@ fn dispatch_groups(
     version: i16,
     body: RequestKind,
     header: RequestHeader,
+    listener: &str,
 ) -> Reply {
     match body {
         RequestKind::FindCoordinator(req) => Reply::Now(Box::new(ResponseKind::FindCoordinator(
-            groups::find_coordinator(broker, req, version),
+            groups::find_coordinator(broker, req, version, listener),
         ))),
         RequestKind::JoinGroup(req) => {
             groups::join_group(broker, req, version, header.client_id.as_ref())
