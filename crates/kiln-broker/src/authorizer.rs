@@ -123,7 +123,11 @@ impl Access {
 
     /// Logs a refusal the caller decided on (`sees` then a second rule, as InitProducerId).
     pub fn log_refusal(&self, operation: Operation, resource_type: ResourceType, name: &str) {
-        tracing::info!(principal = %self.principal, host = %self.host, %operation, %resource_type, resource = name, "request refused by the ACLs");
+        // A client retrying a refused request in a loop gets a counted budget of lines.
+        static REFUSALS: kiln_tls::LogBudget = kiln_tls::LogBudget::new();
+        if let Some(left_out) = REFUSALS.allow() {
+            tracing::info!(principal = %self.principal, host = %self.host, %operation, %resource_type, resource = name, left_out, "request refused by the ACLs");
+        }
     }
 
     /// `allows` on the one cluster resource.

@@ -7,6 +7,9 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
+/// Refused handshakes, logged within a budget (`left_out`: lines not logged since the last).
+static REFUSALS: crate::LogBudget = crate::LogBudget::new();
+
 /// Longest a client's TLS handshake may take; its connection slot is held meanwhile.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -51,11 +54,15 @@ where
             None
         }
         Ok(Err(e)) => {
-            tracing::warn!(%peer, error = %e, "refused a client: TLS handshake failed");
+            if let Some(left_out) = REFUSALS.allow() {
+                tracing::warn!(%peer, error = %e, left_out, "refused a client: TLS handshake failed");
+            }
             None
         }
         Err(_) => {
-            tracing::warn!(%peer, timeout = ?HANDSHAKE_TIMEOUT, "refused a client: TLS handshake timed out");
+            if let Some(left_out) = REFUSALS.allow() {
+                tracing::warn!(%peer, timeout = ?HANDSHAKE_TIMEOUT, left_out, "refused a client: TLS handshake timed out");
+            }
             None
         }
     }

@@ -11,6 +11,7 @@
 //!   reloadable without dropping connections (a reload swaps the settings new handshakes use).
 //! - `accept`: the server side of a client's handshake ([`accept_client`]), with its timeout,
 //!   its log lines and the client certificate's principal; the callers own the sockets.
+//! - `budget`: [`LogBudget`], at most 20 refusal log lines a second, the rest counted.
 //! - `reload`: SIGHUP reads the files again ([`on_sighup`], [`log_reload`]).
 //! - `ca`: a small certificate authority (rcgen) for `kiln certs` and the tests.
 //!
@@ -18,6 +19,7 @@
 //! default protocol versions (TLS 1.2 and 1.3).
 
 mod accept;
+mod budget;
 mod ca;
 mod identity;
 mod pem;
@@ -25,6 +27,7 @@ mod reload;
 mod settings;
 
 pub use accept::{accept_client, HANDSHAKE_TIMEOUT};
+pub use budget::{LogBudget, REFUSAL_LINES_PER_SECOND};
 pub use ca::{Ca, Issued, Validity};
 pub use identity::{node_name, node_of, principal_of, subject_dn, NODE_NAME_PREFIX};
 pub use pem::{load_cert_chain, load_private_key, load_roots};

@@ -14,7 +14,8 @@
 //! `WWW-Authenticate` for no token or an unknown one, 403 for a token without the scope, 503
 //! while the token file is broken. Open paths (`/healthz`) pass
 //! unchecked. Each refusal is logged at INFO with the peer's address (and a known token's
-//! name); a token itself is never logged or echoed.
+//! name), at most 20 lines a second (the next line counts those left out); a token itself is
+//! never logged or echoed.
 //!
 //! Browser writes: a request that changes something (any method but GET, HEAD and OPTIONS)
 //! is refused with 403 when it carries `Origin`, a `Sec-Fetch-Site` other than `none`, or a
@@ -64,6 +65,9 @@ impl std::fmt::Display for Caller {
         }
     }
 }
+
+/// Refused requests, logged within a budget (`left_out`: lines not logged since the last).
+static REFUSALS: kiln_tls::LogBudget = kiln_tls::LogBudget::new();
 
 struct GuardInner {
     service: &'static str,
@@ -205,7 +209,9 @@ async fn check(State(guard): State<Guard>, mut request: Request, next: Next) -> 
         return next.run(request).await;
     }
     if let Some(why) = browser_write(request.method(), request.headers()) {
-        tracing::info!(peer = %shown, %path, "refused a browser write: {why}");
+        if let Some(left_out) = REFUSALS.allow() {
+            tracing::info!(peer = %shown, left_out, %path, "refused a browser write: {why}");
+        }
         return refusal(
             guard,
             StatusCode::FORBIDDEN,
@@ -224,7 +230,9 @@ async fn check(State(guard): State<Guard>, mut request: Request, next: Next) -> 
             let token = match presented(request.headers()) {
                 Ok(Some(t)) => t,
                 Ok(None) => {
-                    tracing::info!(peer = %shown, %path, "refused a request without a token");
+                    if let Some(left_out) = REFUSALS.allow() {
+                        tracing::info!(peer = %shown, left_out, %path, "refused a request without a token");
+                    }
                     return challenge(
                         guard,
                         format!(
@@ -235,7 +243,9 @@ async fn check(State(guard): State<Guard>, mut request: Request, next: Next) -> 
                     );
                 }
                 Err(why) => {
-                    tracing::info!(peer = %shown, %path, "refused a request: {why}");
+                    if let Some(left_out) = REFUSALS.allow() {
+                        tracing::info!(peer = %shown, left_out, %path, "refused a request: {why}");
+                    }
                     return challenge(guard, why.to_string());
                 }
             };
@@ -244,7 +254,9 @@ async fn check(State(guard): State<Guard>, mut request: Request, next: Next) -> 
                     Caller::Token(name)
                 }
                 Lookup::Found { name, scopes } => {
-                    tracing::info!(peer = %shown, %path, token = %name, "refused a token without {} scope", guard.scope.name());
+                    if let Some(left_out) = REFUSALS.allow() {
+                        tracing::info!(peer = %shown, left_out, %path, token = %name, "refused a token without {} scope", guard.scope.name());
+                    }
                     return refusal(
                         guard,
                         StatusCode::FORBIDDEN,
@@ -256,7 +268,9 @@ async fn check(State(guard): State<Guard>, mut request: Request, next: Next) -> 
                     );
                 }
                 Lookup::Unknown => {
-                    tracing::info!(peer = %shown, %path, "refused an unknown token");
+                    if let Some(left_out) = REFUSALS.allow() {
+                        tracing::info!(peer = %shown, left_out, %path, "refused an unknown token");
+                    }
                     return challenge(guard, "the token is not known here".into());
                 }
                 Lookup::FileBroken => {
