@@ -32,6 +32,15 @@ pub struct WebSecurity {
 }
 
 impl WebSecurity {
+    /// `https` or `http`, for the address a service prints.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
     /// Whether clients must prove who they are (a token, or a client certificate).
     pub fn authenticates(&self) -> bool {
         self.tokens.is_some()

@@ -103,7 +103,6 @@ impl Drop for AbortOnDrop {
 /// An axum listener over a bound TCP listener (see the module docs).
 pub struct WebListener {
     local: SocketAddr,
-    tls: bool,
     ready: mpsc::Receiver<(Conn, Peer)>,
     _accept: AbortOnDrop,
 }
@@ -118,23 +117,12 @@ impl WebListener {
         assert!(connections_max > 0);
         let local = tcp.local_addr()?;
         let (tx, ready) = mpsc::channel(READY_QUEUE_MAX);
-        let secure = tls.is_some();
         let task = tokio::spawn(accept_loop(tcp, tls, connections_max, tx));
         Ok(WebListener {
             local,
-            tls: secure,
             ready,
             _accept: AbortOnDrop(task),
         })
-    }
-
-    /// `https` or `http`, for the address a service prints.
-    pub fn scheme(&self) -> &'static str {
-        if self.tls {
-            "https"
-        } else {
-            "http"
-        }
     }
 }
 

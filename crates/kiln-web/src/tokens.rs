@@ -268,9 +268,13 @@ impl Tokens {
 
     /// The entry whose hash is the presented token's.
     pub fn find(&self, presented: &str) -> Option<&Entry> {
-        let index = *self.by_hash.get(&hash(presented))?;
+        let presented = hash(presented);
+        let index = *self.by_hash.get(&presented)?;
         let entry = &self.entries[index];
-        assert!(entry.hash == hash(presented));
+        assert!(
+            entry.hash == presented,
+            "by_hash indexes entries by their hash"
+        );
         Some(entry)
     }
 

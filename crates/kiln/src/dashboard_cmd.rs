@@ -59,7 +59,7 @@ pub async fn run(args: DashboardArgs) -> anyhow::Result<()> {
     config.broker_timeout = args.broker.timeout();
     config.refresh_secs = args.refresh_s;
     config.kafka = kafka;
-    let scheme = if web.tls.is_some() { "https" } else { "http" };
+    let scheme = web.scheme();
     config.web = web;
     tracing::info!(
         tokens = config.web.tokens.is_some(),

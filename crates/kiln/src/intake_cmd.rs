@@ -266,14 +266,10 @@ async fn serve(args: &IntakeArgs, listen: SocketAddr, web: &WebArgs) -> anyhow::
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let bound = listener.local_addr()?;
-    let scheme = if security.tls.is_some() {
-        "https"
-    } else {
-        "http"
-    };
+    let scheme = security.scheme();
     tracing::info!(
         tokens = security.tokens.is_some(),
-        client_certificates = security.authenticates() && security.tokens.is_none(),
+        authenticated = security.authenticates(),
         "intake listening on {scheme}://{bound} (store {}, bootstrap {}, topic {})",
         kiln_store::redact_url(&args.platform.store.database_url),
         args.platform.bootstrap,
