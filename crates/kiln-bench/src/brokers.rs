@@ -176,6 +176,11 @@ impl Brokers {
             .collect()
     }
 
+    /// Each broker's id and process id.
+    pub(crate) fn pids(&self) -> Vec<(i32, u32)> {
+        self.procs.iter().map(|p| (p.id, p.child.id())).collect()
+    }
+
     pub(crate) fn bootstrap(&self) -> String {
         self.procs
             .iter()

@@ -51,7 +51,7 @@ pub fn run(
                 let figures = cluster::measure(&mut brokers, &run, rf, &setup, runtime);
                 brokers.kill_all();
                 // A leader that lost its lease under load stopped serving for a while
-                // (kiln-raft lease.rs); there should be none.
+                // (kiln-raft liveness.rs); there should be none.
                 let lapses = brokers.count_log_lines(LEASE_LAPSED);
                 let f = figures?;
                 println!(

@@ -12,6 +12,8 @@
 //! - `retention`: what replicas hold once retention has run, and where partitions start.
 //! - `offsets`: a broker's restart time to serve committed offsets, few vs many commits.
 //! - `idempotence`: librdkafka's idempotent producer against the same producer with it off.
+//! - `partitions`: thousands of RF 3 partitions on three brokers: time to create, idle CPU,
+//!   memory, threads and descriptors, produce throughput, failover of a third of the leaders.
 //!
 //! `scripts/bench-produce-vs REV` runs `produce` with this tree's build and an earlier
 //! commit's, alternating, for a ratio measured in one sitting.
@@ -23,6 +25,7 @@ mod cluster;
 mod disk;
 mod idempotence;
 mod offsets;
+mod partitions;
 mod produce;
 mod recovery;
 mod retention;
@@ -62,6 +65,9 @@ enum Command {
     Offsets(offsets::OffsetsArgs),
     /// librdkafka's idempotent producer beside the same producer with it off.
     Idempotence(idempotence::IdempotenceArgs),
+    /// N partitions at RF 3 on three brokers (N = 300, 1,000, 3,000): creation, idle cost,
+    /// throughput over all of them, and failover when a broker leading a third is killed.
+    Partitions(partitions::PartitionsArgs),
     /// `produce` over plain TCP and over mutual TLS, alternated: the throughput ratio.
     Tls(produce::ProduceArgs),
     /// New connections with and without a SCRAM login: what the login costs.
@@ -106,6 +112,7 @@ fn main() -> anyhow::Result<()> {
         Command::Retention(args) => retention::run(&cli.dir, &args, &runtime)?,
         Command::Offsets(args) => offsets::run(&cli.dir, &args, &runtime)?,
         Command::Idempotence(args) => idempotence::run(&cli.dir, &args, &runtime)?,
+        Command::Partitions(args) => partitions::run(&cli.dir, &args, &runtime)?,
         Command::Tls(args) => runtime.block_on(produce::compare_tls(&cli.dir, &args))?,
         Command::Sasl(args) => runtime.block_on(sasl::run(&cli.dir, &args))?,
         Command::RecoveryFill(args) => recovery::fill(&args)?,

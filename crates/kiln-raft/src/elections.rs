@@ -1,43 +1,54 @@
-//! The one task per replica that turns openraft's election timer off and on: off while the
-//! repair guard holds (`guard.rs`), and off for a random while after each election this
-//! replica stood in failed.
+//! The one task per replica that turns its standing for election off and on: off while the
+//! repair guard holds (`guard.rs`), and, when openraft runs its own timers, off for a random
+//! while after each election this replica stood in failed.
 //!
 //! Why the second: openraft 0.9 draws a replica's election timeout once, at start, and checks
 //! it only on its tick. Two replicas whose timeouts fall on the same tick, with ticks in phase,
 //! start every election together and split the vote every time. A third voter breaks the tie,
 //! but not while it is down or repairing, and then the group stays without a leader (the
 //! simulation found one such run). A random pause after a failed election is the randomized
-//! retry Raft relies on.
+//! retry Raft relies on. A pulsed replica (`pulse.rs`) needs no pause: the pulse draws a fresh
+//! timeout for every try (`liveness.rs`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::ServerState;
 use rand08::RngCore;
 
 use crate::guard::lift_when_met;
+use crate::liveness::Liveness;
 use crate::log_store::LogStore;
 use crate::types::{Raft, ThreadRng};
 
-/// Runs until the Raft node stops. `guarded`: the replica started under the repair guard with
-/// its election timer off. `elect_wanted`: the configuration has elections on.
-pub(crate) async fn run(
-    raft: Raft,
-    log: LogStore,
-    guarded: bool,
-    elect_wanted: bool,
-    pause_max: Duration,
-) {
-    if guarded {
+/// How a replica's elections run.
+pub(crate) struct Plan {
+    /// It started under the repair guard, not standing.
+    pub guarded: bool,
+    /// The configuration has elections on.
+    pub elect_wanted: bool,
+    /// The broker's pulse holds its elections (openraft's timers are off).
+    pub pulsed: bool,
+    /// The longest pause after a failed election (openraft's timers only).
+    pub pause_max: Duration,
+}
+
+/// Runs until the Raft node stops.
+pub(crate) async fn run(raft: Raft, log: LogStore, liveness: Arc<Liveness>, plan: Plan) {
+    if plan.guarded {
         if !lift_when_met(&raft, &log).await {
             return;
         }
-        if elect_wanted {
+        if plan.elect_wanted {
             raft.runtime_config().elect(true);
+            liveness.set_may_stand(true);
         }
     }
-    if elect_wanted {
+    if plan.elect_wanted {
         lead_alone_at_once(&raft).await;
-        break_split_votes(&raft, pause_max).await;
+        if !plan.pulsed {
+            break_split_votes(&raft, plan.pause_max).await;
+        }
     }
 }
 
@@ -57,14 +68,17 @@ async fn lead_alone_at_once(raft: &Raft) {
 }
 
 async fn break_split_votes(raft: &Raft, pause_max: Duration) {
-    let mut metrics = raft.metrics();
+    // The server metrics change only with the vote, state, leader or membership; the full
+    // metrics change on every event the core handles (each heartbeat), and waking this task
+    // on each would cost every idle replica a wake per heartbeat.
+    let mut metrics = raft.server_metrics();
     // The term of the last election this replica stood in, with no leader seen since.
     let mut stood_in: Option<u64> = None;
     let pause_max_ms = pause_max.as_millis() as u64;
     while metrics.changed().await.is_ok() {
         let (state, term, leader) = {
             let m = metrics.borrow_and_update();
-            (m.state, m.current_term, m.current_leader)
+            (m.state, m.vote.leader_id().get_term(), m.current_leader)
         };
         if state != ServerState::Candidate {
             if leader.is_some() {
@@ -87,7 +101,7 @@ async fn break_split_votes(raft: &Raft, pause_max: Duration) {
                 if leaderless {
                     let _ = raft.trigger().elect().await;
                 }
-                stood_in = Some(metrics.borrow_and_update().current_term);
+                stood_in = Some(metrics.borrow_and_update().vote.leader_id().get_term());
             }
             Some(_) => {}
             None => stood_in = Some(term),

@@ -87,6 +87,7 @@ pub(crate) async fn append_durably(
     bytes: &[u8],
     health: &ReplicaHealth,
 ) -> io::Result<()> {
+    let _writing = health.writing();
     let mut wait = SpaceWait::new(&file.describe(), health);
     loop {
         let attempt = match file.write_all_at(bytes, start) {

@@ -4,7 +4,8 @@
 //! record, or vote twice in one term. docs/replication.md, "Damage and full disks".
 //!
 //! Enforced in four places, so that no transport can skip it:
-//! * openraft's election timer is off while the guard holds (`Config::enable_elect`);
+//! * openraft's election timer is off while the guard holds (`Config::enable_elect`), and so
+//!   is standing in the broker's pulse (`Liveness::set_may_stand`);
 //! * [`GuardedNetwork`] wraps whatever network the replica is started with and refuses to
 //!   send its vote requests;
 //! * the receiving side of each transport asks [`ReplicaHealth::repairing`] before handing a
@@ -24,7 +25,9 @@ use openraft::raft::{
 };
 use openraft::{EmptyNode, RaftMetrics, RaftNetwork, RaftNetworkFactory};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
+use crate::liveness::Liveness;
 use crate::log_store::LogStore;
 use crate::types::{KilnRaft, NodeId, Raft};
 
@@ -132,6 +135,9 @@ struct HealthInner {
     metrics: OnceLock<watch::Receiver<RaftMetrics<NodeId, EmptyNode>>>,
     /// Writes waiting for disk space now.
     full_waits: AtomicUsize,
+    /// Writes to the log or the vote file under way (written and not yet synced), and when
+    /// the oldest of them began.
+    writes: Mutex<(usize, Option<Instant>)>,
 }
 
 /// One replica's health as its transport and its broker see it: the repair guard and whether
@@ -180,6 +186,27 @@ impl ReplicaHealth {
         let _ = self.inner.metrics.set(metrics);
     }
 
+    /// When the oldest write under way began, if one is: a leader whose write has not come
+    /// back for long has a Raft core stuck in it, which sends nothing, and must not be kept
+    /// alive by the broker's pulse either (`pulse.rs`).
+    pub fn writing_since(&self) -> Option<Instant> {
+        self.inner
+            .writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+    }
+
+    /// Marks a write (and its sync) under way until the mark is dropped.
+    pub(crate) fn writing(&self) -> WriteMark {
+        let mut w = self.inner.writes.lock().unwrap_or_else(|p| p.into_inner());
+        w.0 += 1;
+        if w.0 == 1 {
+            w.1 = Some(Instant::now());
+        }
+        WriteMark(self.clone())
+    }
+
     pub(crate) fn full_wait_began(&self) {
         self.inner.full_waits.fetch_add(1, Ordering::Relaxed);
     }
@@ -189,20 +216,44 @@ impl ReplicaHealth {
     }
 }
 
+/// A write under way ([`ReplicaHealth::writing`]) until dropped.
+pub(crate) struct WriteMark(ReplicaHealth);
+
+impl Drop for WriteMark {
+    fn drop(&mut self) {
+        let mut w = self
+            .0
+            .inner
+            .writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        assert!(w.0 > 0, "a write mark dropped twice");
+        w.0 -= 1;
+        if w.0 == 0 {
+            w.1 = None;
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("this replica is repairing damaged files: it stands for no election")]
 struct Repairing;
 
-/// Wraps a replica's network so that it sends no vote request while it is repairing.
+/// Wraps a replica's network: it sends no vote request while the replica is repairing, and
+/// records every acknowledgement a peer sends back in the replica's [`Liveness`] (the
+/// leader's lease is counted from them: `liveness.rs`).
 pub struct GuardedNetwork<N> {
     pub(crate) inner: N,
     pub(crate) health: ReplicaHealth,
+    pub(crate) liveness: Arc<Liveness>,
 }
 
 /// One link of a [`GuardedNetwork`].
 pub struct GuardedLink<L> {
     inner: L,
+    target: NodeId,
     health: ReplicaHealth,
+    liveness: Arc<Liveness>,
 }
 
 impl<N: RaftNetworkFactory<KilnRaft>> RaftNetworkFactory<KilnRaft> for GuardedNetwork<N> {
@@ -211,7 +262,9 @@ impl<N: RaftNetworkFactory<KilnRaft>> RaftNetworkFactory<KilnRaft> for GuardedNe
     async fn new_client(&mut self, target: NodeId, node: &EmptyNode) -> Self::Network {
         GuardedLink {
             inner: self.inner.new_client(target, node).await,
+            target,
             health: self.health.clone(),
+            liveness: self.liveness.clone(),
         }
     }
 }
@@ -222,7 +275,13 @@ impl<L: RaftNetwork<KilnRaft>> RaftNetwork<KilnRaft> for GuardedLink<L> {
         rpc: AppendEntriesRequest<KilnRaft>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, EmptyNode, RaftError<NodeId>>> {
-        self.inner.append_entries(rpc, option).await
+        let (sent, term) = (Instant::now(), rpc.vote.leader_id.term);
+        let answer = self.inner.append_entries(rpc, option).await;
+        // Anything but a higher vote means the peer took this replica as its leader.
+        if matches!(&answer, Ok(a) if !matches!(a, AppendEntriesResponse::HigherVote(_))) {
+            self.liveness.acked(term, self.target, sent);
+        }
+        answer
     }
 
     async fn install_snapshot(
@@ -244,7 +303,19 @@ impl<L: RaftNetwork<KilnRaft>> RaftNetwork<KilnRaft> for GuardedLink<L> {
         if self.health.repairing() {
             return Err(RPCError::Unreachable(Unreachable::new(&Repairing)));
         }
-        self.inner.vote(rpc, option).await
+        let (sent, term, last) = (Instant::now(), rpc.vote.leader_id.term, rpc.last_log_id);
+        let answer = self.inner.vote(rpc, option).await;
+        if let Ok(a) = &answer {
+            // A voter refuses every other candidate for its vote lease after granting: that
+            // counts toward the lease of the term it voted in.
+            if a.vote_granted {
+                self.liveness.acked(term, self.target, sent);
+            }
+            if a.last_log_id > last {
+                self.liveness.saw_greater_log();
+            }
+        }
+        answer
     }
 
     fn backoff(&self) -> Backoff {
@@ -334,9 +405,15 @@ mod tests {
         let inner = Counting::default();
         let health = ReplicaHealth::default();
         health.set_guard(Guard::repair(10, Some(2)));
+        let liveness = Arc::new(Liveness::new(
+            1,
+            crate::liveness::Timings::from_ms(100, 300, 600).unwrap(),
+            0,
+        ));
         let mut network = GuardedNetwork {
             inner: inner.clone(),
             health: health.clone(),
+            liveness: liveness.clone(),
         };
         let mut link = network.new_client(2, &EmptyNode {}).await;
         let ask = || VoteRequest::new(Vote::new(3, 1), None);
@@ -358,6 +435,11 @@ mod tests {
             entries: vec![],
         };
         assert!(link.append_entries(append, option()).await.is_ok());
+        assert!(
+            liveness.acked_at(3, 2).is_some(),
+            "an answered append counts toward the lease"
+        );
+        assert_eq!(liveness.acked_at(4, 2), None);
         // The guard met (here: cleared), votes go through; unenforced, they always do.
         health.set_guard(Guard::default());
         assert!(link.vote(ask(), option()).await.is_ok());
@@ -366,5 +448,7 @@ mod tests {
         assert!(!health.repairing());
         assert!(link.vote(ask(), option()).await.is_ok());
         assert_eq!(inner.0.load(Ordering::SeqCst), 2);
+        let granted = liveness.acked_at(3, 2);
+        assert!(granted.is_some(), "a granted vote counts toward the lease");
     }
 }

@@ -12,7 +12,11 @@
 //! * `full_disk`: a full disk is waited out, not fatal.
 //! * `elections`: the replica's election timer: off while repairing, and a random pause after
 //!   a failed election (openraft 0.9 draws its timeout once, so two candidates can tie forever).
-//! * [`lease`]: check-quorum as a lease (a leader cut off from its quorum stops serving).
+//! * [`liveness`]: per replica, when it last heard from its leader and when its followers
+//!   last acknowledged it: check-quorum as a lease (a leader cut off from its quorum stops
+//!   serving), the votes it refuses, when it stands for election.
+//! * [`pulse`]: the broker's one task that runs those timers for all its replicas: beats to
+//!   each peer for every group it leads (idle groups send nothing else), elections, lapses.
 //! * [`partition`]: [`ReplicatedPartition`], one replica: append (acknowledged once a majority
 //!   has fsynced), read below the high watermark, leader epoch, retention's command.
 //! * [`proposer`]: [`Proposer`], the leader's ordered, coalescing append queue.
@@ -30,13 +34,14 @@ pub mod bootstrap;
 mod elections;
 mod full_disk;
 pub mod guard;
-pub mod lease;
+pub mod liveness;
 pub mod log_store;
 pub mod net;
 pub mod partition;
 pub mod payload;
 pub mod producers;
 pub mod proposer;
+pub mod pulse;
 mod record;
 pub mod rng;
 

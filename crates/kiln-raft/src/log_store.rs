@@ -598,6 +598,7 @@ impl RaftLogStorage<KilnRaft> for LogStore {
         let log = self.shared.log.clone();
         let what = self.shared.dir.display().to_string();
         let strict_claim = self.shared.repairable;
+        let writing = self.shared.health.writing();
         let result = retry_when_full(&what, &self.shared.health, || {
             let log = log.clone();
             let bodies = &bodies;
@@ -628,6 +629,7 @@ impl RaftLogStorage<KilnRaft> for LogStore {
             }
         })
         .await;
+        drop(writing);
         match result {
             Ok(stored) => {
                 let mut cache = lock(&self.shared.cache);

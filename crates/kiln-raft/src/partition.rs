@@ -9,14 +9,59 @@ use bytes::Bytes;
 use kiln_log::fs::Fs;
 use kiln_log::{LogConfig, ReadResult, SegmentInfo, TimestampLookup};
 use openraft::error::{InitializeError, RaftError};
-use openraft::{Config, RaftNetworkFactory, SnapshotPolicy};
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
+use openraft::{Config, RaftMetrics, RaftNetworkFactory, ServerState, SnapshotPolicy};
+use tokio::time::Instant;
 
 use crate::guard::{GuardedNetwork, ReplicaHealth};
+use crate::liveness::{Check, Liveness, Role, Timings};
 use crate::log_store::{LogRecovery, LogStore};
 use crate::payload::Command;
 use crate::proposer::Proposer;
+use crate::pulse::{BeatAnswer, BeatItem};
 use crate::state_machine::{core_read_mode, GroupKind, StateMachine};
-use crate::types::{KilnRaft, NodeId, Raft};
+use crate::types::{KilnRaft, LogId, NodeId, Raft};
+
+type Metrics = RaftMetrics<NodeId, openraft::EmptyNode>;
+
+/// The voters of the membership `m` holds.
+fn voters(m: &Metrics) -> Vec<NodeId> {
+    m.membership_config.membership().voter_ids().collect()
+}
+
+/// Why a replica refused a vote request without asking openraft.
+#[derive(Debug, thiserror::Error)]
+pub enum VoteRefused {
+    /// It heard from its leader within its vote lease, or leads with its lease held.
+    #[error("{0}")]
+    Lease(String),
+    #[error("raft: {0}")]
+    Raft(#[from] RaftError<NodeId>),
+}
+
+/// What the pulse should do about one replica this round (`pulse.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PulseDue {
+    /// Nothing.
+    Idle,
+    /// It follows (or stands) and its election timeout passes at this instant (before the
+    /// next round): stand then, unless it hears from a leader meanwhile.
+    Stand(Instant),
+    /// It leads `term` but its Raft core is stuck in a write: no beat, no heartbeat, so that
+    /// its followers elect another.
+    Stuck { term: u64, lapsed: bool },
+    /// It leads `term`: make it heard by `followers`; `applied` when its whole log is applied
+    /// (the log id a follower must hold for the group to be quiet).
+    Lead {
+        term: u64,
+        applied: Option<LogId>,
+        followers: Vec<NodeId>,
+        /// Every follower held and had applied `applied` at the last beat: no heartbeat due.
+        quiet: bool,
+        /// Its lease lapsed since the last check (counted in [`Liveness::lapses`]).
+        lapsed: bool,
+    },
+}
 
 /// An acknowledged append: committed on a majority, each of which had it fsynced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,20 +206,42 @@ pub const ENTRY_BYTES_MAX: usize = 1 << 20;
 /// quorum with producers retrying costs bounded memory.
 pub const PROPOSER_QUEUE_BYTES_MAX: usize = 64 << 20;
 
-/// The production settings: [`raft_config`] with the timings above.
-pub fn production_config() -> Config {
-    let mut c = raft_config(
+/// The production timings: [`HEARTBEAT_MS`] and the election timeouts above.
+pub fn production_timings() -> Timings {
+    match Timings::from_ms(
         HEARTBEAT_MS,
         ELECTION_TIMEOUT_MIN_MS,
         ELECTION_TIMEOUT_MAX_MS,
-    );
+    ) {
+        Ok(t) => t,
+        Err(e) => unreachable!("the production timings are valid: {e}"),
+    }
+}
+
+/// The production settings: [`pulsed_config`] of [`production_timings`].
+pub fn production_config() -> Config {
+    pulsed_config(&production_timings())
+}
+
+/// The Raft settings of a replica whose timers the broker's pulse runs (`pulse.rs`): openraft
+/// neither ticks nor sends heartbeats of its own; the pulse makes the leader heard every
+/// heartbeat, holds elections on [`Liveness`]'s clock and counts the lease. openraft's
+/// `heartbeat_interval` then only bounds each AppendEntries (openraft gives one that long):
+/// just under the shortest election timeout, so a follower's fsync under load fits in it.
+pub fn pulsed_config(t: &Timings) -> Config {
+    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let min = ms(t.election_min);
+    let mut c = raft_config(min - 1, min, ms(t.election_max));
+    c.enable_tick = false;
+    c.enable_heartbeat = false;
     c.max_payload_entries = PAYLOAD_ENTRIES_MAX;
     c
 }
 
 /// The Raft settings Kiln uses for a group. Snapshots are asked for by the state machine
 /// (retention moved the log start, or a table's log grew), never on openraft's own schedule,
-/// and the log up to a snapshot is purged at once.
+/// and the log up to a snapshot is purged at once. openraft runs its own timers (a replica
+/// without the broker's pulse: tests of one group); [`pulsed_config`] turns them off.
 pub fn raft_config(heartbeat_ms: u64, election_min_ms: u64, election_max_ms: u64) -> Config {
     Config {
         cluster_name: "kiln".to_string(),
@@ -188,10 +255,24 @@ pub fn raft_config(heartbeat_ms: u64, election_min_ms: u64, election_max_ms: u64
     }
 }
 
+/// A group's [`StartOptions::stagger`] from its name (FNV-1a: the same on every broker and
+/// every build).
+pub fn stagger_of(group: &str) -> u64 {
+    group.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// How to start a replica.
 pub struct StartOptions {
     pub id: NodeId,
     pub config: Config,
+    /// The timings liveness is judged by. With openraft's timers on, they must be the ones
+    /// in `config`; with them off ([`pulsed_config`]), the pulse runs on these.
+    pub timings: Timings,
+    /// The same on every replica of the group, different between groups (a hash of the
+    /// group's name: [`stagger_of`]): orders the followers that stand when their leader dies.
+    pub stagger: u64,
     pub fs: Arc<dyn Fs>,
     /// The replica's directory: its log segments, `vote` and `state`.
     pub dir: PathBuf,
@@ -212,18 +293,28 @@ pub struct StartOptions {
 
 impl StartOptions {
     /// A data partition's replica in `dir` with the default log settings, repairable from its
-    /// peers, the guard enforced.
+    /// peers, the guard enforced, running openraft's own timers of `config` (its heartbeat
+    /// interval and election timeouts are the timings).
     pub fn data(
         id: NodeId,
         config: Config,
         fs: Arc<dyn Fs>,
         dir: impl Into<PathBuf>,
     ) -> StartOptions {
+        let timings = Timings::from_ms(
+            config.heartbeat_interval,
+            config.election_timeout_min,
+            config.election_timeout_max,
+        );
+        let dir = dir.into();
         StartOptions {
             id,
+            // An invalid config is refused by `start`, which validates it first.
+            timings: timings.unwrap_or_else(|_| production_timings()),
+            stagger: stagger_of(&dir.file_name().unwrap_or_default().to_string_lossy()),
             config,
             fs,
-            dir: dir.into(),
+            dir,
             log: LogConfig::default(),
             kind: GroupKind::Data,
             repairable: true,
@@ -244,8 +335,10 @@ pub struct ReplicatedPartition {
     state: StateMachine,
     health: ReplicaHealth,
     proposer: Proposer,
-    /// How long it leads for clients after a quorum's last acknowledgement (`lease.rs`).
-    lease: std::time::Duration,
+    /// Who heard from whom, the lease and elections (`liveness.rs`).
+    liveness: Arc<Liveness>,
+    /// openraft's timers are off: the broker's pulse must run (`pulse.rs`).
+    pulsed: bool,
 }
 
 impl ReplicatedPartition {
@@ -262,13 +355,30 @@ impl ReplicatedPartition {
             .config
             .validate()
             .map_err(|e| PartitionError::Stopped(e.to_string()))?;
-        let lease = crate::lease::lease(&config).map_err(PartitionError::Stopped)?;
+        // With openraft's timers on, the timings are the config's own; with them off, the
+        // pulse runs on the timings and openraft keeps only the election timeouts (its vote
+        // lease) from them.
+        let pulsed = !config.enable_tick;
+        let timings = opts.timings;
+        let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let consistent = config.election_timeout_min == ms(timings.election_min)
+            && config.election_timeout_max == ms(timings.election_max)
+            && (pulsed || config.heartbeat_interval == ms(timings.heartbeat));
+        if !consistent {
+            return Err(PartitionError::Stopped(format!(
+                "the timings {timings:?} are not those of the Raft settings (heartbeat {} ms, \
+                 elections {}-{} ms)",
+                config.heartbeat_interval, config.election_timeout_min, config.election_timeout_max
+            )));
+        }
+        let liveness = Arc::new(Liveness::new(opts.id, timings, opts.stagger));
         let (store, recovery) =
             LogStore::open(opts.fs, &opts.dir, opts.log, opts.repairable).await?;
         let health = store.health();
         health.set_enforced(opts.enforce_guard);
         let guarded = opts.enforce_guard && !health.guard().is_clear();
         let elect_wanted = config.enable_elect;
+        liveness.set_may_stand(elect_wanted && !guarded);
         let pause_max = std::time::Duration::from_millis(config.election_timeout_max);
         if guarded {
             // No election timer until the guard is met (openraft reads this at start).
@@ -279,6 +389,7 @@ impl ReplicatedPartition {
         let network = GuardedNetwork {
             inner: network,
             health: health.clone(),
+            liveness: liveness.clone(),
         };
         let core_store = store.with_mode(core_read_mode(&opts.kind));
         let raft = Raft::new(
@@ -294,17 +405,26 @@ impl ReplicatedPartition {
         tokio::spawn(crate::elections::run(
             raft.clone(),
             store.clone(),
-            guarded,
-            elect_wanted,
-            pause_max,
+            liveness.clone(),
+            crate::elections::Plan {
+                guarded,
+                elect_wanted,
+                pulsed,
+                pause_max,
+            },
         ));
-        tokio::spawn(take_snapshots(raft.clone(), state.clone()));
+        liveness.set_role(role_of(&raft.server_metrics().borrow()));
+        tokio::spawn(take_snapshots(
+            raft.clone(),
+            state.clone(),
+            liveness.clone(),
+        ));
         let proposer = Proposer::start(
             raft.clone(),
             state.clone(),
             opts.max_entry_bytes,
             opts.max_queued_bytes,
-            lease,
+            liveness.clone(),
         );
         Ok((
             ReplicatedPartition {
@@ -314,7 +434,8 @@ impl ReplicatedPartition {
                 state,
                 health,
                 proposer,
-                lease,
+                liveness,
+                pulsed,
             },
             recovery,
         ))
@@ -424,22 +545,150 @@ impl ReplicatedPartition {
         self.state.last_applied().map(|l| l.index)
     }
 
-    /// The Kafka leader epoch if this replica leads now (its lease holds, `lease.rs`): its Raft
-    /// term.
+    /// The Kafka leader epoch if this replica leads now (its lease holds, `liveness.rs`): its
+    /// Raft term.
     pub fn leader_epoch(&self) -> Option<u64> {
         let m = self.raft.metrics();
         let m = m.borrow();
-        crate::lease::holds(&m, self.lease).then_some(m.current_term)
+        self.holds_lease(&m, Instant::now())
+            .then_some(m.current_term)
     }
 
-    /// How long it leads for clients after a quorum's last acknowledgement (`lease.rs`).
+    /// How long it leads for clients after a quorum's last acknowledgement (`liveness.rs`).
     pub fn lease(&self) -> std::time::Duration {
-        self.lease
+        self.liveness.timings().lease()
     }
 
-    /// Whether this replica leads for clients: Raft leader with its lease held (`lease.rs`).
+    /// Who heard from whom: the lease, elections, beats (`liveness.rs`).
+    pub fn liveness(&self) -> &Arc<Liveness> {
+        &self.liveness
+    }
+
+    /// Whether openraft's own timers are off, so the broker's pulse must run (`pulse.rs`).
+    pub fn pulsed(&self) -> bool {
+        self.pulsed
+    }
+
+    /// Whether this replica leads for clients: Raft leader with its lease held (`liveness.rs`).
     pub fn leads(&self) -> bool {
-        crate::lease::holds(&self.raft.metrics().borrow(), self.lease)
+        self.holds_lease(&self.raft.metrics().borrow(), Instant::now())
+    }
+
+    /// Whether `m` is this replica leading with its lease held at `now`.
+    fn holds_lease(&self, m: &Metrics, now: Instant) -> bool {
+        m.state == ServerState::Leader && self.liveness.lease_holds(m.current_term, &voters(m), now)
+    }
+
+    /// Hands a leader's AppendEntries (which arrived at `arrived`) to openraft and notes that
+    /// the leader was heard unless it was refused for a higher vote. Every transport serves
+    /// appends through here.
+    pub async fn serve_append(
+        &self,
+        rpc: AppendEntriesRequest<KilnRaft>,
+        arrived: Instant,
+    ) -> Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>> {
+        let (term, leader) = (rpc.vote.leader_id.term, rpc.vote.leader_id.voted_for);
+        let answer = self.raft.append_entries(rpc).await?;
+        if let (false, Some(leader)) = (
+            matches!(answer, AppendEntriesResponse::HigherVote(_)),
+            leader,
+        ) {
+            self.liveness.heard(term, leader, arrived);
+        }
+        Ok(answer)
+    }
+
+    /// Answers a candidate's vote request (which arrived at `arrived`): refused without asking
+    /// openraft while this replica heard from its leader within its vote lease or leads with
+    /// its lease held (`liveness.rs`); a vote granted counts as hearing from the candidate.
+    /// Every transport serves votes through here.
+    pub async fn serve_vote(
+        &self,
+        rpc: VoteRequest<NodeId>,
+        arrived: Instant,
+    ) -> Result<VoteResponse<NodeId>, VoteRefused> {
+        let (term, candidate) = (rpc.vote.leader_id.term, rpc.vote.leader_id.voted_for);
+        let Some(candidate) = candidate else {
+            return Err(VoteRefused::Lease(
+                "a vote request names no candidate".into(),
+            ));
+        };
+        if let Some(why) = self.liveness.refuses_vote(candidate, arrived) {
+            return Err(VoteRefused::Lease(why));
+        }
+        if candidate != self.id && self.leads() {
+            return Err(VoteRefused::Lease(format!(
+                "node {} leads with its lease held: no vote for node {candidate}",
+                self.id
+            )));
+        }
+        let answer = self.raft.vote(rpc).await?;
+        if answer.vote_granted {
+            self.liveness.heard(term, candidate, arrived);
+        }
+        Ok(answer)
+    }
+
+    /// Answers one item of a leader's beat (`pulse.rs`), which arrived from `from` at
+    /// `arrived`: accepted when this replica follows `from` in the item's term with its vote
+    /// committed (then the leader was heard), caught up when it also holds and has applied
+    /// the leader's whole log.
+    pub fn serve_beat(&self, from: NodeId, item: &BeatItem, arrived: Instant) -> BeatAnswer {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        let accepted = m.state == ServerState::Follower
+            && m.vote.committed
+            && m.vote.leader_id.term == item.term
+            && m.vote.leader_id.voted_for == Some(from);
+        if !accepted {
+            return BeatAnswer::default();
+        }
+        self.liveness.heard(item.term, from, arrived);
+        let caught_up = item.applied.is_some_and(|applied| {
+            m.last_log_index == Some(applied.index) && m.last_applied == Some(applied)
+        });
+        BeatAnswer {
+            accepted,
+            caught_up,
+        }
+    }
+
+    /// What the pulse should do about this replica at `now`, once per round (`pulse.rs`);
+    /// `round`: the time to the next. As a leader, a lapse of its lease is counted here.
+    pub fn pulse_due(&self, now: Instant, round: std::time::Duration) -> PulseDue {
+        let (term, lapsed) = match self.liveness.check(now, round) {
+            Check::Idle => return PulseDue::Idle,
+            Check::Stand(at) => return PulseDue::Stand(at),
+            Check::Lead { term, lapsed } => (term, lapsed),
+        };
+        // A leader whose Raft core is stuck in a write (a full or stalled disk) sends nothing
+        // of its own; beats must not keep it leader either, or its followers never elect
+        // another. Not stuck yet if the write began within the last round.
+        let stuck = self.health.disk_full()
+            || self
+                .health
+                .writing_since()
+                .is_some_and(|since| now.saturating_duration_since(since) > round);
+        if stuck {
+            return PulseDue::Stuck { term, lapsed };
+        }
+        let applied = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            if m.state != ServerState::Leader || m.current_term != term {
+                // The role just changed; its watcher is about to say so.
+                return PulseDue::Idle;
+            }
+            m.last_applied.filter(|a| m.last_log_index == Some(a.index))
+        };
+        let voters = self.liveness.role().voters;
+        PulseDue::Lead {
+            term,
+            applied,
+            followers: voters.iter().copied().filter(|&v| v != self.id).collect(),
+            quiet: applied.is_some_and(|a| self.liveness.is_quiet(term, a)),
+            lapsed,
+        }
     }
 
     /// Whether the high watermark is of the current term: an entry of this term is applied. A
@@ -454,13 +703,13 @@ impl ReplicatedPartition {
     }
 
     /// The leader this replica knows of (itself included, only while its lease holds:
-    /// `lease.rs`) and the current term.
+    /// `liveness.rs`) and the current term.
     pub fn leader_and_term(&self) -> (Option<NodeId>, u64) {
         let m = self.raft.metrics();
         let m = m.borrow();
         let leader = m
             .current_leader
-            .filter(|&l| l != self.id || crate::lease::holds(&m, self.lease));
+            .filter(|&l| l != self.id || self.holds_lease(&m, Instant::now()));
         (leader, m.current_term)
     }
 
@@ -576,10 +825,14 @@ impl ReplicatedPartition {
 }
 
 /// Builds a snapshot whenever the state machine says one is due (and so purges the log up to
-/// it). Ends with the Raft node.
-async fn take_snapshots(raft: Raft, state: StateMachine) {
+/// it), and keeps the replica's role in its liveness current (`Liveness::set_role`). Ends with
+/// the Raft node.
+async fn take_snapshots(raft: Raft, state: StateMachine, liveness: Arc<Liveness>) {
     let wanted = state.snapshot_wanted();
-    let mut metrics = raft.metrics();
+    // The server metrics change only with the vote, state, leader or membership, unlike the
+    // full metrics, which change on every event the core handles.
+    let mut metrics = raft.server_metrics();
+    liveness.set_role(role_of(&metrics.borrow_and_update()));
     loop {
         tokio::select! {
             _ = wanted.notified() => {
@@ -591,7 +844,17 @@ async fn take_snapshots(raft: Raft, state: StateMachine) {
                 if changed.is_err() {
                     return;
                 }
+                liveness.set_role(role_of(&metrics.borrow_and_update()));
             }
         }
+    }
+}
+
+fn role_of(m: &openraft::metrics::RaftServerMetrics<NodeId, openraft::EmptyNode>) -> Role {
+    Role {
+        state: m.state,
+        term: m.vote.leader_id.term,
+        committed: m.vote.committed,
+        voters: m.membership_config.membership().voter_ids().collect(),
     }
 }

@@ -31,6 +31,7 @@ use openraft::error::ClientWriteError;
 use openraft::ServerState;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
+use crate::liveness::Liveness;
 use crate::partition::{AppendAck, PartitionError};
 use crate::payload::{Command, Payload};
 use crate::producers::{sequence_ahead, ProducerTable, Verdict};
@@ -114,7 +115,7 @@ impl Proposer {
         state: StateMachine,
         max_entry_bytes: usize,
         max_queued_bytes: usize,
-        lease: Duration,
+        liveness: Arc<Liveness>,
     ) -> Proposer {
         let (queue, rx) = mpsc::unbounded_channel();
         let slots = Arc::new(Semaphore::new(ENTRIES_IN_FLIGHT));
@@ -129,7 +130,7 @@ impl Proposer {
             leading: None,
             stale: Arc::new(AtomicBool::new(false)),
             gaps: Gaps::default(),
-            lease,
+            liveness,
         };
         tokio::spawn(run.run());
         Proposer {
@@ -257,9 +258,9 @@ struct Run {
     stale: Arc<AtomicBool>,
     /// Producers whose last batch left a gap, and since when.
     gaps: Gaps,
-    /// The leader's lease (`lease.rs`): a write waits for its commit no longer than the lease
-    /// holds.
-    lease: Duration,
+    /// The replica's liveness: a write waits for its commit no longer than the leader's lease
+    /// holds (`liveness.rs`).
+    liveness: Arc<Liveness>,
 }
 
 /// A batch ahead of its producer's next sequence was almost always sent behind one that
@@ -390,13 +391,11 @@ impl Run {
         let (leader, term, state, lapsed) = {
             let m = self.raft.metrics();
             let m = m.borrow();
-            let lapsed = m
-                .millis_since_quorum_ack
-                .is_some_and(|ms| u128::from(ms) > self.lease.as_millis());
+            let lapsed = !lease_holds(&self.liveness, &m, m.current_term);
             (m.current_leader, m.current_term, m.state, lapsed)
         };
-        // A leader whose lease lapsed (`lease.rs`) proposes nothing: the entry could not commit
-        // before another leader may lead, and `leadership_lost` would answer it at once.
+        // A leader whose lease lapsed (`liveness.rs`) proposes nothing: the entry could not
+        // commit before another leader may lead, and `leadership_lost` would answer it at once.
         if state != ServerState::Leader || lapsed {
             self.leading = None;
             return Err(PartitionError::NotLeader { leader });
@@ -603,7 +602,7 @@ impl Run {
             unreachable!("a write prepared while not leading");
         };
         let metrics = self.raft.metrics();
-        let lease = self.lease;
+        let liveness = self.liveness.clone();
         match self.raft.client_write_ff(payload).await {
             Err(fatal) => {
                 drop(slot);
@@ -626,7 +625,7 @@ impl Run {
                         // Biased: the simulation replays exactly (and an answer beats a lost term).
                         biased;
                         outcome = committed => Some(outcome),
-                        () = leadership_lost(metrics, term, lease) => None,
+                        () = leadership_lost(metrics, term, &liveness) => None,
                     };
                     drop(slot);
                     let outcome = match outcome {
@@ -678,17 +677,16 @@ impl Run {
 }
 
 /// Resolves once the Raft node no longer leads `term`, or stopped, or its lease lapsed (a
-/// quorum acknowledged nothing it sent in the last `lease`; before the term's first
-/// acknowledgement there is no lease to lapse, and `ensure_leading` proposes nothing until
-/// then). It looks every [`LEADERSHIP_POLL`] rather than waiting on the metrics channel: a
-/// tokio `watch` wakes its waiters in a random order, which would make the simulation's
-/// replays differ, and a few timers per partition with writes in flight cost nothing.
+/// quorum acknowledged nothing it sent in the last lease: `liveness.rs`). It looks every
+/// [`LEADERSHIP_POLL`] rather than waiting on the metrics channel: a tokio `watch` wakes its
+/// waiters in a random order, which would make the simulation's replays differ, and a few
+/// timers per partition with writes in flight cost nothing.
 async fn leadership_lost(
     metrics: tokio::sync::watch::Receiver<
         openraft::RaftMetrics<crate::types::NodeId, openraft::EmptyNode>,
     >,
     term: u64,
-    lease: Duration,
+    liveness: &Liveness,
 ) {
     loop {
         tokio::time::sleep(LEADERSHIP_POLL).await;
@@ -696,13 +694,23 @@ async fn leadership_lost(
             return;
         }
         let m = metrics.borrow();
-        let lapsed = m
-            .millis_since_quorum_ack
-            .is_some_and(|ms| u128::from(ms) > lease.as_millis());
-        if m.state != ServerState::Leader || m.current_term != term || lapsed {
+        if m.state != ServerState::Leader
+            || m.current_term != term
+            || !lease_holds(liveness, &m, term)
+        {
             return;
         }
     }
+}
+
+/// Whether the lease of a leader of `term` whose metrics are `m` holds now.
+fn lease_holds(
+    liveness: &Liveness,
+    m: &openraft::RaftMetrics<crate::types::NodeId, openraft::EmptyNode>,
+    term: u64,
+) -> bool {
+    let voters: Vec<_> = m.membership_config.membership().voter_ids().collect();
+    liveness.lease_holds(term, &voters, tokio::time::Instant::now())
 }
 
 /// Whether `producer_id`'s batch among `batches` is of the epoch `table` holds for it (a gap

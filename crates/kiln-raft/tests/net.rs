@@ -1,8 +1,9 @@
 //! The TCP transport for Raft RPCs (`kiln_raft::net`), over real sockets on 127.0.0.1.
 //!
 //! * `three_brokers_replicate_and_fail_over`: three replicas of two groups that share one
-//!   listener per broker, real files; 200 acknowledged appends, convergence, the leader shut
-//!   down, a new leader that keeps the old records and takes new ones.
+//!   listener and one connection per peer on each broker, real files; 200 acknowledged
+//!   appends, convergence, the leader shut down, a new leader that keeps the old records and
+//!   takes new ones.
 //! * the others: an unknown group, a wrong target node, a refused connection, a peer that never
 //!   answers, and frames the server must refuse.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -14,7 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kiln_log::fs::RealFs;
-use kiln_raft::net::{serve, GroupTable, PeerAddrs, TcpNetwork};
+use kiln_raft::net::{serve, GroupTable, Mesh, PeerAddrs, TcpNetwork, Transport};
 use kiln_raft::partition::raft_config;
 use kiln_raft::sim::build_batch;
 use kiln_raft::{NodeId, ReplicatedPartition, StartOptions};
@@ -34,6 +35,8 @@ struct Broker {
     id: NodeId,
     orders: ReplicatedPartition,
     metadata: ReplicatedPartition,
+    /// The connections both groups' RPCs share.
+    mesh: Arc<Mesh>,
     server: JoinHandle<()>,
 }
 
@@ -41,10 +44,10 @@ async fn start_replica(
     id: NodeId,
     dir: &Path,
     group: &str,
-    peers: &PeerAddrs,
+    mesh: &Arc<Mesh>,
 ) -> ReplicatedPartition {
     let dir = dir.join(group.replace('/', "-"));
-    let network = TcpNetwork::new(group, peers.clone(), Duration::from_millis(500));
+    let network = TcpNetwork::on(group, mesh.clone(), Duration::from_millis(500));
     let (partition, _) = ReplicatedPartition::start(
         StartOptions::data(id, raft_config(50, 150, 300), Arc::new(RealFs), dir),
         network,
@@ -66,8 +69,13 @@ async fn start_cluster(dir: &Path) -> (Vec<Broker>, PeerAddrs) {
     let mut brokers = Vec::new();
     for (id, listener) in listeners {
         let home = dir.join(format!("broker-{id}"));
-        let orders = start_replica(id, &home, ORDERS, &peers).await;
-        let metadata = start_replica(id, &home, METADATA, &peers).await;
+        let mesh = Arc::new(Mesh::new(
+            peers.clone(),
+            Transport::Plain,
+            kiln_raft::net::DEFAULT_CONNECT_TIMEOUT,
+        ));
+        let orders = start_replica(id, &home, ORDERS, &mesh).await;
+        let metadata = start_replica(id, &home, METADATA, &mesh).await;
         let table = GroupTable::new();
         table.insert(ORDERS, orders.raft().clone());
         table.insert(METADATA, metadata.raft().clone());
@@ -76,6 +84,7 @@ async fn start_cluster(dir: &Path) -> (Vec<Broker>, PeerAddrs) {
             id,
             orders,
             metadata,
+            mesh,
             server,
         });
         // openraft 0.9 checks election timeouts only on its tick (every 1.5 heartbeats, 75 ms
@@ -181,6 +190,14 @@ async fn three_brokers_replicate_and_fail_over() {
         assert_eq!(ack.base_offset, i as i64);
     }
     wait_for_high_watermark(&metadata, 5).await;
+    for b in &brokers {
+        assert!(
+            b.mesh.connections() <= 2,
+            "broker {} holds {} connections for its two peers",
+            b.id,
+            b.mesh.connections()
+        );
+    }
 
     let old_epoch = leader.leader_epoch().expect("still the leader");
     // The leader's broker goes away: its Raft node stops and its listener closes.
@@ -267,7 +284,12 @@ async fn a_peer_address_pointing_at_the_wrong_node_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let node1 = start_replica(1, dir.path(), ORDERS, &one_peer(1, addr.clone())).await;
+    let mesh = Arc::new(Mesh::new(
+        one_peer(1, addr.clone()),
+        Transport::Plain,
+        kiln_raft::net::DEFAULT_CONNECT_TIMEOUT,
+    ));
+    let node1 = start_replica(1, dir.path(), ORDERS, &mesh).await;
     let table = GroupTable::new();
     table.insert(ORDERS, node1.raft().clone());
     let server = tokio::spawn(serve(listener, Arc::new(table)));
@@ -367,8 +389,9 @@ fn contains(haystack: &[u8], needle: &str) -> bool {
 
 #[tokio::test]
 async fn the_server_refuses_bad_frames_and_closes_the_connection() {
-    // A body of kind 3 (Vote request) for group "g" whose header carries the wrong CRC.
-    let body = [3u8, 0, 1, b'g'];
+    // A body of kind 3 (Vote request), request id 9, for group "g", whose header carries the
+    // wrong CRC.
+    let body = [3u8, 0, 0, 0, 9, 0, 1, b'g'];
     let mut frame = (body.len() as u32).to_be_bytes().to_vec();
     frame.extend_from_slice(&(crc32c::crc32c(&body) ^ 1).to_be_bytes());
     frame.extend_from_slice(&body);

@@ -74,6 +74,9 @@ pub async fn bind_raft_listener(
         ));
         let checked = check_new_member(settings, transport, node_id, incarnation).await;
         task.abort();
+        // Dropped (with its copy of the listening socket) only once the runtime gets to it:
+        // wait, so a refused broker started again at once can bind its port.
+        let _ = task.await;
         checked?;
     }
     Ok(TcpListener::from_std(std_listener)?)

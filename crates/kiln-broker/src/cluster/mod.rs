@@ -31,6 +31,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
+use futures_util::StreamExt;
 use kiln_log::LogConfig;
 use kiln_raft::net::{PeerAddrs, RaftGroups};
 use kiln_raft::GroupKind;
@@ -135,7 +136,10 @@ pub struct Cluster {
     /// How Raft traffic travels (mutual TLS with `[cluster.tls]`).
     pub raft_transport: kiln_raft::net::Transport,
     pub brokers: Vec<PeerBroker>,
-    raft_peers: PeerAddrs,
+    /// The one connection per peer that every replica's Raft RPCs share.
+    raft_mesh: Arc<kiln_raft::net::Mesh>,
+    /// The Raft timings of `settings`, checked.
+    timings: kiln_raft::liveness::Timings,
     replicas_dir: PathBuf,
     log_defaults: LogSettings,
     default_max_batch_bytes: usize,
@@ -172,15 +176,49 @@ fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Replicas of one topic opened at once (see `open_topic`).
+const REPLICA_OPENS_AT_ONCE_MAX: usize = 32;
+
 /// Raft RPCs from peers find their group here.
 struct Groups(Arc<Cluster>);
 
+/// The pulse finds every replica of this broker here (kiln-raft `pulse.rs`).
+struct Pulse(Arc<Cluster>);
+
+impl kiln_raft::pulse::PulseGroups for Pulse {
+    fn each(&self, f: &mut dyn FnMut(&str, &kiln_raft::ReplicatedPartition)) {
+        for replica in read(&self.0.groups).values() {
+            f(&replica.group, &replica.partition);
+        }
+    }
+}
+
 impl RaftGroups for Groups {
     fn raft(&self, group: &str) -> Option<kiln_raft::types::Raft> {
-        self.0.replica(group).map(|r| {
-            r.heard_from_peer();
-            r.partition.raft().clone()
-        })
+        self.0.replica(group).map(|r| r.partition.raft().clone())
+    }
+
+    fn replica(&self, group: &str) -> Option<kiln_raft::ReplicatedPartition> {
+        self.0.replica(group).map(|r| r.partition.clone())
+    }
+
+    // Every item looked up under one read of the table, nothing cloned: a beat carries the
+    // broker's share of every group, thousands of them, several times a second.
+    fn beat(
+        &self,
+        sender: kiln_raft::NodeId,
+        items: &[kiln_raft::pulse::BeatItem],
+        arrived: tokio::time::Instant,
+    ) -> Vec<kiln_raft::pulse::BeatAnswer> {
+        let groups = read(&self.0.groups);
+        items
+            .iter()
+            .map(|item| {
+                groups.get(&*item.group).map_or_else(Default::default, |r| {
+                    r.partition.serve_beat(sender, item, arrived)
+                })
+            })
+            .collect()
     }
 
     // Lets the server refuse votes while a replica repairs damaged files, and requests while
@@ -297,6 +335,11 @@ impl Cluster {
         }
         brokers.sort_by_key(|b| b.id);
         let raft_peers: PeerAddrs = Arc::new(raft_peers);
+        let raft_mesh = Arc::new(kiln_raft::net::Mesh::new(
+            raft_peers,
+            p.raft_transport.clone(),
+            kiln_raft::net::DEFAULT_CONNECT_TIMEOUT,
+        ));
         let listener = p.raft_listener;
         let raft_addr = listener.as_ref().and_then(|l| l.local_addr().ok());
         let replicas_dir = p.data_dir.join("replicas");
@@ -304,14 +347,20 @@ impl Cluster {
         // Prefer different brokers as controller and as group coordinator.
         let coordinator_first = rotate(&all, 1);
         let metadata_table = Arc::new(MetadataTable::default());
+        let timings = settings
+            .timings()
+            .map_err(|e| anyhow::anyhow!("cluster timings: {e}"))?;
+        let node_id = replica::node(p.node_id)
+            .ok_or_else(|| anyhow::anyhow!("node id {} is negative", p.node_id))?;
         let open = |group: &str, dir: PathBuf, members: Vec<i32>, kind: GroupKind, every: u64| {
             replica::open(replica::OpenParams {
                 node_id: p.node_id,
                 group: group.to_string(),
                 dir,
                 members,
-                peers: raft_peers.clone(),
-                config: raft_config(&settings),
+                mesh: raft_mesh.clone(),
+                config: kiln_raft::partition::pulsed_config(&timings),
+                timings,
                 rpc_timeout: Duration::from_millis(settings.rpc_timeout_ms),
                 max_entry_bytes: settings.max_entry_bytes,
                 silence: silence(&settings),
@@ -319,7 +368,6 @@ impl Cluster {
                 kind,
                 table_snapshot_every: every,
                 link_cuts: settings.link_cuts.clone(),
-                transport: p.raft_transport.clone(),
             })
         };
         let metadata = open(
@@ -345,7 +393,8 @@ impl Cluster {
             raft_transport: p.raft_transport,
             settings,
             brokers,
-            raft_peers,
+            raft_mesh,
+            timings,
             replicas_dir,
             log_defaults: p.log_defaults,
             default_max_batch_bytes: p.default_max_batch_bytes,
@@ -369,6 +418,15 @@ impl Cluster {
             tokio::spawn(reconcile(cluster.clone())),
             tokio::spawn(ensure_cluster_id(cluster.clone())),
             tokio::spawn(fence::fence_self(cluster.clone())),
+            tokio::spawn(kiln_raft::pulse::run(
+                node_id,
+                timings,
+                Arc::new(Pulse(cluster.clone())),
+                Arc::new(kiln_raft::net::MeshBeats {
+                    mesh: cluster.raft_mesh.clone(),
+                    cuts: cluster.settings.link_cuts.clone(),
+                }),
+            )),
         ];
         if let Some(listener) = listener {
             tasks.push(tokio::spawn(register::register_self(
@@ -615,10 +673,14 @@ impl Cluster {
         let Some(settings) = self.resolve_settings(name, record) else {
             return;
         };
-        let mut replicas = Vec::with_capacity(record.assignments.len());
-        for index in 0..record.assignments.len() {
-            replicas.push(self.open_partition(name, record, index, &settings).await);
-        }
+        // Opening a replica is mostly waiting on fsyncs (its directory, files, the first
+        // membership entry): a few at once keep the disk busy, and a topic of thousands of
+        // partitions opens in seconds instead of minutes. `buffered` keeps partition order.
+        let replicas: Vec<_> = futures_util::stream::iter(0..record.assignments.len())
+            .map(|index| self.open_partition(name, record, index, &settings))
+            .buffered(REPLICA_OPENS_AT_ONCE_MAX)
+            .collect()
+            .await;
         tracing::info!(topic = %name, id = %record.id, partitions = record.assignments.len(), "topic open");
         write(&self.topics).insert(
             name.to_string(),
@@ -657,8 +719,9 @@ impl Cluster {
             group: group.clone(),
             dir,
             members: members.clone(),
-            peers: self.raft_peers.clone(),
-            config: raft_config(&self.settings),
+            mesh: self.raft_mesh.clone(),
+            config: kiln_raft::partition::pulsed_config(&self.timings),
+            timings: self.timings,
             rpc_timeout: Duration::from_millis(self.settings.rpc_timeout_ms),
             max_entry_bytes: self.settings.max_entry_bytes,
             silence: silence(&self.settings),
@@ -666,7 +729,6 @@ impl Cluster {
             kind: GroupKind::Data,
             table_snapshot_every: u64::MAX,
             link_cuts: self.settings.link_cuts.clone(),
-            transport: self.raft_transport.clone(),
         })
         .await;
         match opened {
@@ -705,13 +767,20 @@ impl Cluster {
 
     /// Stops the Raft listener and every Raft node (their logs stay on disk, closed cleanly).
     pub async fn shutdown(&self) {
-        for task in self
+        let tasks: Vec<_> = self
             .tasks
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .drain(..)
-        {
+            .collect();
+        for task in &tasks {
             task.abort();
+        }
+        // An aborted task is dropped, with the listener it owns, only when the runtime next
+        // gets to it: wait for that, so the Raft port is free when this returns (a broker
+        // started again at once binds it).
+        for task in tasks {
+            let _ = task.await;
         }
         for replica in self.replicas() {
             replica.partition.shutdown().await;
@@ -733,18 +802,6 @@ fn rotate(ids: &[i32], by: usize) -> Vec<i32> {
 /// How long a follower trusts a leader it has not heard from: four heartbeats.
 fn silence(s: &ClusterSettings) -> Duration {
     Duration::from_millis(s.heartbeat_ms.saturating_mul(4))
-}
-
-fn raft_config(s: &ClusterSettings) -> openraft::Config {
-    let mut config = kiln_raft::partition::raft_config(
-        s.heartbeat_ms,
-        s.election_timeout_min_ms,
-        s.election_timeout_max_ms,
-    );
-    // openraft gives each AppendEntries one heartbeat interval to complete, the follower's
-    // fsync included: keep one message to a few entries of at most max_entry_bytes.
-    config.max_payload_entries = kiln_raft::partition::PAYLOAD_ENTRIES_MAX;
-    config
 }
 
 /// Follows the metadata table: opens and stops replicas, and reports the cluster id.

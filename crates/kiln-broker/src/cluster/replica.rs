@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use kiln_log::fs::RealFs;
 use kiln_log::{LogConfig, LogTail};
-use kiln_raft::net::{PeerAddrs, TcpNetwork};
+use kiln_raft::net::TcpNetwork;
 use kiln_raft::{GroupKind, NodeId, PartitionError, Proposer, ReplicatedPartition, StartOptions};
 
 /// A replica hosted by this broker.
@@ -22,14 +22,7 @@ pub struct Replica {
     pub node_id: i32,
     /// Times the leader this replica knows of changed to another broker (or to none).
     pub leader_changes: Arc<AtomicU64>,
-    /// Times this replica, leading, lost its lease within its term (kiln-raft `lease.rs`): no
-    /// quorum acknowledged it in time. Cut off, or its peers or disk too slow: each stops
-    /// it serving until a quorum answers again.
-    pub lease_lapses: Arc<AtomicU64>,
-    /// When a peer last sent this replica a Raft request (ms on `clock`).
-    last_heard_ms: AtomicU64,
-    clock: std::time::Instant,
-    /// A follower that has heard nothing for this long no longer names a leader.
+    /// A follower that has heard nothing from its leader for this long no longer names it.
     silence: std::time::Duration,
 }
 
@@ -57,23 +50,15 @@ impl Replica {
             return (-1, term);
         }
         if leader >= 0 && leader != self.node_id {
-            let heard = self.last_heard_ms.load(Ordering::Relaxed);
-            let now = self.elapsed_ms();
-            if now.saturating_sub(heard) > self.silence.as_millis() as u64 {
+            let heard = self
+                .partition
+                .liveness()
+                .heard_within(tokio::time::Instant::now(), self.silence);
+            if heard.is_none() {
                 return (-1, term);
             }
         }
         (leader, term)
-    }
-
-    /// Called for every Raft request a peer sends this replica.
-    pub fn heard_from_peer(&self) {
-        self.last_heard_ms
-            .store(self.elapsed_ms(), Ordering::Relaxed);
-    }
-
-    fn elapsed_ms(&self) -> u64 {
-        u64::try_from(self.clock.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     /// Replicas that hold everything committed, as the leader sees it (Kafka's ISR). Followers
@@ -82,8 +67,11 @@ impl Replica {
         self.leader_changes.load(Ordering::Relaxed)
     }
 
+    /// Times this replica, leading, lost its lease within its term (kiln-raft `liveness.rs`):
+    /// no quorum acknowledged it in time. Cut off, or its peers or disk too slow: each stops
+    /// it serving until a quorum answers again.
     pub fn lease_lapses(&self) -> u64 {
-        self.lease_lapses.load(Ordering::Relaxed)
+        self.partition.liveness().lapses()
     }
 
     pub fn in_sync(&self) -> Vec<i32> {
@@ -118,8 +106,10 @@ pub struct OpenParams {
     pub group: String,
     pub dir: PathBuf,
     pub members: Vec<i32>,
-    pub peers: PeerAddrs,
+    /// The broker's connections to its peers, shared by every replica.
+    pub mesh: Arc<kiln_raft::net::Mesh>,
     pub config: openraft::Config,
+    pub timings: kiln_raft::liveness::Timings,
     pub rpc_timeout: std::time::Duration,
     pub max_entry_bytes: usize,
     /// See [`Replica::leader`].
@@ -130,8 +120,6 @@ pub struct OpenParams {
     pub table_snapshot_every: u64,
     /// The test hook that cuts Raft links (`ClusterSettings::link_cuts`).
     pub link_cuts: Option<Arc<kiln_raft::net::LinkCuts>>,
-    /// How this replica's RPCs travel.
-    pub transport: kiln_raft::net::Transport,
 }
 
 /// Opens (recovering) or creates a replica, initializes a brand-new group with `members`, and
@@ -139,14 +127,15 @@ pub struct OpenParams {
 /// leaders over the brokers when a topic is created.
 pub async fn open(p: OpenParams) -> Result<Arc<Replica>, PartitionError> {
     let id = node(p.node_id).ok_or_else(|| PartitionError::Stopped("negative node id".into()))?;
-    let mut network =
-        TcpNetwork::new(p.group.clone(), p.peers, p.rpc_timeout).with_transport(p.transport);
+    let mut network = TcpNetwork::on(p.group.clone(), p.mesh, p.rpc_timeout);
     if let Some(cuts) = p.link_cuts {
         network = network.with_cuts(id, cuts);
     }
     let opts = StartOptions {
         id,
         config: p.config,
+        timings: p.timings,
+        stagger: kiln_raft::partition::stagger_of(&p.group),
         fs: Arc::new(RealFs),
         dir: p.dir.clone(),
         log: p.log,
@@ -183,13 +172,10 @@ pub async fn open(p: OpenParams) -> Result<Arc<Replica>, PartitionError> {
         }
     }
     let leader_changes = Arc::new(AtomicU64::new(0));
-    let lease_lapses = Arc::new(AtomicU64::new(0));
     tokio::spawn(count_leader_changes(
         p.group.clone(),
-        partition.raft().metrics(),
-        partition.lease(),
+        partition.raft().clone(),
         leader_changes.clone(),
-        lease_lapses.clone(),
     ));
     tracing::info!(group = %p.group, entries = recovery.entries(), members = ?p.members, "replica open");
     Ok(Arc::new(Replica {
@@ -199,49 +185,25 @@ pub async fn open(p: OpenParams) -> Result<Arc<Replica>, PartitionError> {
         dir: p.dir,
         node_id: p.node_id,
         leader_changes,
-        lease_lapses,
-        last_heard_ms: AtomicU64::new(0),
-        clock: std::time::Instant::now(),
         silence: p.silence,
     }))
 }
 
-/// Counts changes of the known leader, and lapses of this replica's lease while it leads,
-/// until the Raft node stops.
+/// Counts changes of the known leader until the Raft node stops.
 async fn count_leader_changes(
     group: String,
-    mut metrics: tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, openraft::EmptyNode>>,
-    lease: std::time::Duration,
+    raft: kiln_raft::types::Raft,
     changes: Arc<AtomicU64>,
-    lapses: Arc<AtomicU64>,
 ) {
-    let mut last = metrics.borrow().current_leader;
-    // (term, whether the lease held) while this replica is Raft leader.
-    let mut held: Option<(u64, bool)> = None;
-    while metrics.changed().await.is_ok() {
-        let (now, term, leading, holds, since_ack) = {
-            let m = metrics.borrow_and_update();
-            let leading = m.state == openraft::ServerState::Leader;
-            let holds = kiln_raft::lease::holds(&m, lease);
-            (
-                m.current_leader,
-                m.current_term,
-                leading,
-                holds,
-                m.millis_since_quorum_ack,
-            )
+    // The server metrics change only with the vote, state, leader or membership: the full
+    // metrics would wake this task on every event the core handles.
+    let mut server = raft.server_metrics();
+    let mut last = server.borrow().current_leader;
+    while server.changed().await.is_ok() {
+        let (now, term) = {
+            let m = server.borrow_and_update();
+            (m.current_leader, m.vote.leader_id().get_term())
         };
-        match (held, leading) {
-            (Some((t, true)), true) if t == term && !holds => {
-                lapses.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%group, term, since_quorum_ack_ms = ?since_ack, lease_ms = lease.as_millis(), "leader lease lapsed: not serving until a quorum acknowledges this leader again");
-            }
-            (Some((t, false)), true) if t == term && holds => {
-                tracing::info!(%group, term, "leader lease held again");
-            }
-            _ => {}
-        }
-        held = leading.then_some((term, holds));
         if now != last {
             if last.is_some() {
                 changes.fetch_add(1, Ordering::Relaxed);

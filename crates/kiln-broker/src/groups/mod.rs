@@ -40,10 +40,10 @@ pub async fn run_timers(broker: Arc<Broker>, interval: Duration) {
 pub async fn follow_coordinator_leadership(broker: Arc<Broker>, replica: Arc<Replica>) {
     let mut metrics = replica.partition.raft().metrics();
     loop {
-        // Leading with its lease held (kiln-raft `lease.rs`): a coordinator cut off from its
+        // Leading with its lease held (kiln-raft `liveness.rs`): a coordinator cut off from its
         // quorum stops serving before another can start, instead of keeping its own generation
-        // of every group and serving a stale table. The metrics change at least every Raft
-        // tick, so a lapse is seen within one.
+        // of every group and serving a stale table. A lapse changes no Raft metric, so the
+        // lease is also looked at every quarter lease (below).
         let term = metrics.borrow_and_update().current_term;
         let leading = replica.partition.leads();
         let store = broker.groups.store();
@@ -79,6 +79,7 @@ pub async fn follow_coordinator_leadership(broker: Arc<Broker>, replica: Arc<Rep
         tokio::select! {
             changed = metrics.changed() => if changed.is_err() { return },
             () = store.resync_needed() => {}
+            () = tokio::time::sleep(replica.partition.lease() / 4) => {}
         }
     }
 }

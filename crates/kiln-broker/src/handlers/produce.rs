@@ -55,18 +55,19 @@ pub fn handle(cluster: &Arc<Cluster>, request: ProduceRequest) -> Reply {
                 }
                 continue;
             };
-            let Some(replica) = cluster
-                .partition(topic, data.index)
-                .filter(|r| r.is_leader())
-            else {
+            let local = cluster.partition(topic, data.index);
+            // The replica's disk is full: its Raft core is stuck retrying a write, so nothing
+            // would be acknowledged; say why at once instead of timing out. Said whether or not
+            // it still leads: a leader stuck so loses its lease (kiln-raft `liveness.rs`), and
+            // the client is better told why than only that another should lead.
+            let full = local.as_ref().is_some_and(|r| r.partition.disk_full());
+            let Some(replica) = local.filter(|r| full || r.is_leader()) else {
                 partitions
                     .push(response.with_error_code(ResponseError::NotLeaderOrFollower.code()));
                 TopicTraffic::add(&topic.traffic.produce_errors, 1);
                 continue;
             };
-            // The replica's disk is full: its Raft core is stuck retrying a write, so nothing
-            // would be acknowledged; say why at once instead of timing out.
-            let refusal = if replica.partition.disk_full() {
+            let refusal = if full {
                 Some((
                     ResponseError::KafkaStorageError,
                     format!("disk full on broker {}: writes to this partition resume when space is freed", cluster.node_id),

@@ -1,4 +1,5 @@
-//! The sending side: openraft's network factory and one lazily connected stream per target.
+//! The sending side: openraft's network factory, whose links share the broker's one connection
+//! per peer (`net/mux.rs`), and the one-off exchanges (hello, forward) on short connections.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,28 +16,29 @@ use openraft::{EmptyNode, RaftNetwork, RaftNetworkFactory};
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
-use super::codec::{self, CodecError, KindName, Message};
-use super::transport::{BoxStream, Transport};
+use super::codec::{self, Frame, KindName, Message};
+use super::mux::{Mesh, MuxError};
+use super::transport::Transport;
 use super::{Hello, HelloAnswer, PeerAddrs};
+use crate::pulse::{BeatFuture, BeatItem, PulseNetwork};
 use crate::types::{KilnRaft, NodeId};
 
 /// How long a connection attempt may take before the peer counts as unreachable.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The pause openraft takes before retrying a peer that was unreachable. Short enough that a
-/// restarted broker is caught up quickly, long enough that a dead one costs a few connection
-/// attempts a second per group rather than a busy loop.
+/// restarted broker is caught up quickly, long enough that a dead one costs each group a few
+/// failed calls a second rather than a busy loop (the connection itself is retried at most
+/// every `mux::RECONNECT_PAUSE`, for all groups at once).
 const BACKOFF: Duration = Duration::from_millis(200);
 
 /// openraft's network factory for one Raft group: every link it makes names the group in each
-/// RPC, so all groups of a broker share one listener per peer.
+/// RPC and sends it over the broker's one connection to that peer ([`Mesh`]).
 #[derive(Clone)]
 pub struct TcpNetwork {
     group: Arc<str>,
-    peers: PeerAddrs,
+    mesh: Arc<Mesh>,
     rpc_timeout: Duration,
-    connect_timeout: Duration,
-    transport: Transport,
     /// This node's id and the links a test has cut ([`LinkCuts`]), if any.
     cuts: Option<(NodeId, Arc<LinkCuts>)>,
 }
@@ -73,22 +75,32 @@ impl LinkCuts {
 }
 
 impl TcpNetwork {
-    /// A network for the group named `group`, reaching node `n` at `peers[n]`. Each RPC is
+    /// A network for the group named `group` over the broker's connections `mesh`. Each RPC is
     /// bounded by `rpc_timeout` (or openraft's own deadline for it, if that is shorter).
-    pub fn new(group: impl Into<String>, peers: PeerAddrs, rpc_timeout: Duration) -> Self {
+    pub fn on(group: impl Into<String>, mesh: Arc<Mesh>, rpc_timeout: Duration) -> Self {
         TcpNetwork {
             group: Arc::from(group.into()),
-            peers,
+            mesh,
             rpc_timeout,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            transport: Transport::Plain,
             cuts: None,
         }
     }
 
-    /// Carries this network's RPCs over `transport` (plain TCP unless set).
+    /// A network for the group named `group` with connections of its own (plain TCP), reaching
+    /// node `n` at `peers[n]`: for a group that shares a process with no other.
+    pub fn new(group: impl Into<String>, peers: PeerAddrs, rpc_timeout: Duration) -> Self {
+        let mesh = Mesh::new(peers, Transport::Plain, DEFAULT_CONNECT_TIMEOUT);
+        Self::on(group, Arc::new(mesh), rpc_timeout)
+    }
+
+    /// Carries this network's RPCs over `transport`, on connections of its own.
     pub fn with_transport(mut self, transport: Transport) -> Self {
-        self.transport = transport;
+        let mesh = Mesh::new(
+            self.mesh.peers().clone(),
+            transport,
+            self.mesh.connect_timeout(),
+        );
+        self.mesh = Arc::new(mesh);
         self
     }
 
@@ -98,14 +110,25 @@ impl TcpNetwork {
         self
     }
 
-    /// Replaces the connection timeout ([`DEFAULT_CONNECT_TIMEOUT`] unless set).
+    /// Replaces the connection timeout ([`DEFAULT_CONNECT_TIMEOUT`] unless set), on
+    /// connections of its own.
     pub fn with_connect_timeout(mut self, connect_timeout: Duration) -> Self {
-        self.connect_timeout = connect_timeout;
+        let mesh = Mesh::new(
+            self.mesh.peers().clone(),
+            self.mesh.transport().clone(),
+            connect_timeout,
+        );
+        self.mesh = Arc::new(mesh);
         self
     }
 
     pub fn group(&self) -> &str {
         &self.group
+    }
+
+    /// The connections this network's RPCs travel on.
+    pub fn mesh(&self) -> &Arc<Mesh> {
+        &self.mesh
     }
 }
 
@@ -117,28 +140,62 @@ impl RaftNetworkFactory<KilnRaft> for TcpNetwork {
         TcpLink {
             group: self.group.clone(),
             target,
-            addr: self.peers.get(&target).cloned(),
+            mesh: self.mesh.clone(),
             rpc_timeout: self.rpc_timeout,
-            connect_timeout: self.connect_timeout,
-            transport: self.transport.clone(),
-            stream: None,
             cuts: self.cuts.clone(),
         }
     }
 }
 
-/// One group's link to one target: a stream (TCP, or TLS over it), connected on first use and
-/// again after any failure.
+/// The pulse's beats (`pulse.rs`) over the broker's connections, cut where a test cut the
+/// Raft links ([`LinkCuts`]) like every other Raft message.
+pub struct MeshBeats {
+    pub mesh: Arc<Mesh>,
+    pub cuts: Option<Arc<LinkCuts>>,
+}
+
+impl PulseNetwork for MeshBeats {
+    fn beat(
+        &self,
+        from: NodeId,
+        peer: NodeId,
+        items: Vec<BeatItem>,
+        deadline: Instant,
+    ) -> BeatFuture {
+        let mesh = self.mesh.clone();
+        let cut = self.cuts.as_ref().is_some_and(|c| c.blocks(from, peer));
+        Box::pin(async move {
+            if cut {
+                return Err("link cut (test hook)".to_string());
+            }
+            let want = items.len();
+            let request = Message::Beat {
+                sender: from,
+                items,
+            };
+            match mesh.call(peer, "", &request, deadline).await {
+                Ok(Frame {
+                    message: Message::BeatResponse(answers),
+                    ..
+                }) if answers.len() == want => Ok(answers),
+                Ok(Frame { message, .. }) => Err(format!(
+                    "protocol error: {} answered a beat of {want} groups with {message:?}",
+                    peer
+                )),
+                Err(MuxError::Timeout) => Err("beat timed out".to_string()),
+                Err(MuxError::Unreachable(why)) => Err(why),
+                Err(MuxError::TooLarge) => Err("beat over the frame size limit".to_string()),
+            }
+        })
+    }
+}
+
+/// One group's link to one target, over the broker's connection to it.
 pub struct TcpLink {
     group: Arc<str>,
     target: NodeId,
-    addr: Option<String>,
+    mesh: Arc<Mesh>,
     rpc_timeout: Duration,
-    connect_timeout: Duration,
-    transport: Transport,
-    /// `None` until connected, and after any failure: a stream whose request or response may
-    /// be half sent or half read is never reused.
-    stream: Option<BoxStream>,
     cuts: Option<(NodeId, Arc<LinkCuts>)>,
 }
 
@@ -150,16 +207,6 @@ struct TransportError {
     reason: String,
 }
 
-enum CallError {
-    /// Connection refused or failed, the peer answered with an error, or the exchange broke:
-    /// openraft backs off before trying this peer again.
-    Unreachable(String),
-    /// Connected, but no answer in time.
-    Timeout(Duration),
-    /// The request would not fit in one frame.
-    TooLarge,
-}
-
 impl TcpLink {
     pub fn target(&self) -> NodeId {
         self.target
@@ -167,19 +214,20 @@ impl TcpLink {
 
     fn rpc_error<E: std::error::Error>(
         &self,
-        err: CallError,
+        err: MuxError,
         action: RPCTypes,
         from: NodeId,
+        timeout: Duration,
     ) -> RPCError<NodeId, EmptyNode, E> {
         match err {
-            CallError::Timeout(timeout) => RPCError::Timeout(Timeout {
+            MuxError::Timeout => RPCError::Timeout(Timeout {
                 action,
                 id: from,
                 target: self.target,
                 timeout,
             }),
-            CallError::Unreachable(reason) => self.unreachable(reason),
-            CallError::TooLarge => self.unreachable("request over the frame size limit".into()),
+            MuxError::Unreachable(reason) => self.unreachable(reason),
+            MuxError::TooLarge => self.unreachable("request over the frame size limit".into()),
         }
     }
 
@@ -192,20 +240,9 @@ impl TcpLink {
         }))
     }
 
-    async fn connect(&self, deadline: Instant) -> Result<BoxStream, CallError> {
-        let Some(addr) = self.addr.as_deref() else {
-            return Err(CallError::Unreachable(format!(
-                "no address for node {}",
-                self.target
-            )));
-        };
-        let limit = self
-            .connect_timeout
-            .min(deadline.saturating_duration_since(Instant::now()));
-        self.transport
-            .connect(addr, self.target, limit)
-            .await
-            .map_err(CallError::Unreachable)
+    /// How long an RPC under `option` may take.
+    fn budget(&self, option: &RPCOption) -> Duration {
+        self.rpc_timeout.min(option.hard_ttl())
     }
 
     /// Sends `request` and returns the response, which is of kind `expect`.
@@ -213,60 +250,30 @@ impl TcpLink {
         &mut self,
         request: &Message,
         expect: u8,
-        option: &RPCOption,
-    ) -> Result<Message, CallError> {
+        budget: Duration,
+    ) -> Result<Message, MuxError> {
         if let Some((from, cuts)) = &self.cuts {
             if cuts.blocks(*from, self.target) {
-                self.stream = None;
-                return Err(CallError::Unreachable("link cut (test hook)".into()));
+                return Err(MuxError::Unreachable("link cut (test hook)".into()));
             }
         }
-        let frame = match codec::encode(&self.group, request) {
-            Ok(frame) => frame,
-            Err(CodecError::TooLarge { .. }) => return Err(CallError::TooLarge),
-            Err(e) => return Err(CallError::Unreachable(e.to_string())),
-        };
-        let budget = self.rpc_timeout.min(option.hard_ttl());
         let deadline = Instant::now() + budget;
-        // Taken out for the exchange: if openraft drops this future part way (its own
-        // deadline), the stream goes with it instead of staying behind out of step.
-        let mut stream = match self.stream.take() {
-            Some(stream) => stream,
-            None => self.connect(deadline).await?,
-        };
-        let exchange = async {
-            stream.write_all(&frame).await?;
-            codec::read_frame(&mut stream).await
-        };
-        let (group, response) = match tokio::time::timeout_at(deadline, exchange).await {
-            Err(_) => return Err(CallError::Timeout(budget)),
-            Ok(Err(e)) => return Err(CallError::Unreachable(e.to_string())),
-            Ok(Ok(None)) => {
-                return Err(CallError::Unreachable(
-                    "connection closed by the peer".into(),
-                ))
-            }
-            Ok(Ok(Some(frame))) => frame,
-        };
-        if let Message::Error(reason) = response {
-            // An error naming this group ("unknown group" while the peer is still creating
-            // it, a stopped node) leaves the connection usable, which spares a reconnect per
-            // retry; one naming no group comes before the server closes its end.
-            if *group == *self.group {
-                self.stream = Some(stream);
-            }
-            return Err(CallError::Unreachable(format!("peer refused: {reason}")));
+        let Frame { group, message, .. } = self
+            .mesh
+            .call(self.target, &self.group, request, deadline)
+            .await?;
+        if let Message::Error(reason) = message {
+            return Err(MuxError::Unreachable(format!("peer refused: {reason}")));
         }
-        if response.kind() != expect || *group != *self.group {
-            return Err(CallError::Unreachable(format!(
+        if message.kind() != expect || *group != *self.group {
+            return Err(MuxError::Unreachable(format!(
                 "protocol error: expected {} for {:?}, got {} for {group:?}",
                 KindName(expect),
                 self.group,
-                KindName(response.kind()),
+                KindName(message.kind()),
             )));
         }
-        self.stream = Some(stream);
-        Ok(response)
+        Ok(message)
     }
 }
 
@@ -284,17 +291,18 @@ impl RaftNetwork<KilnRaft> for TcpLink {
             target: self.target,
             rpc,
         };
+        let budget = self.budget(&option);
         match self
-            .call(&request, codec::KIND_APPEND_RESPONSE, &option)
+            .call(&request, codec::KIND_APPEND_RESPONSE, budget)
             .await
         {
             Ok(Message::AppendEntriesResponse(resp)) => Ok(resp),
             Ok(other) => Err(self.unreachable(format!("unexpected response {other:?}"))),
             // openraft retries at once with at most this many entries.
-            Err(CallError::TooLarge) if entries > 1 => Err(RPCError::PayloadTooLarge(
+            Err(MuxError::TooLarge) if entries > 1 => Err(RPCError::PayloadTooLarge(
                 PayloadTooLarge::new_entries_hint(entries / 2),
             )),
-            Err(e) => Err(self.rpc_error(e, RPCTypes::AppendEntries, from)),
+            Err(e) => Err(self.rpc_error(e, RPCTypes::AppendEntries, from, budget)),
         }
     }
 
@@ -312,13 +320,14 @@ impl RaftNetwork<KilnRaft> for TcpLink {
             target: self.target,
             rpc,
         };
+        let budget = self.budget(&option);
         match self
-            .call(&request, codec::KIND_SNAPSHOT_RESPONSE, &option)
+            .call(&request, codec::KIND_SNAPSHOT_RESPONSE, budget)
             .await
         {
             Ok(Message::InstallSnapshotResponse(resp)) => Ok(resp),
             Ok(other) => Err(self.unreachable(format!("unexpected response {other:?}"))),
-            Err(e) => Err(self.rpc_error(e, RPCTypes::InstallSnapshot, from)),
+            Err(e) => Err(self.rpc_error(e, RPCTypes::InstallSnapshot, from, budget)),
         }
     }
 
@@ -332,13 +341,11 @@ impl RaftNetwork<KilnRaft> for TcpLink {
             target: self.target,
             rpc,
         };
-        match self
-            .call(&request, codec::KIND_VOTE_RESPONSE, &option)
-            .await
-        {
+        let budget = self.budget(&option);
+        match self.call(&request, codec::KIND_VOTE_RESPONSE, budget).await {
             Ok(Message::VoteResponse(resp)) => Ok(resp),
             Ok(other) => Err(self.unreachable(format!("unexpected response {other:?}"))),
-            Err(e) => Err(self.rpc_error(e, RPCTypes::Vote, from)),
+            Err(e) => Err(self.rpc_error(e, RPCTypes::Vote, from, budget)),
         }
     }
 
@@ -366,14 +373,18 @@ pub async fn forward(
     let addr = peer.addr;
     let exchange = async {
         let mut stream = peer.transport.connect(addr, peer.node, timeout).await?;
-        let frame = codec::encode(group, &Message::Forward(payload)).map_err(|e| e.to_string())?;
+        let frame =
+            codec::encode(0, group, &Message::Forward(payload)).map_err(|e| e.to_string())?;
         stream
             .write_all(&frame)
             .await
             .map_err(|e| format!("write to {addr}: {e}"))?;
         match codec::read_frame(&mut stream).await {
-            Ok(Some((_, Message::ForwardResponse(result)))) => result,
-            Ok(Some((_, other))) => Err(format!("{addr} answered {other:?}")),
+            Ok(Some(Frame {
+                message: Message::ForwardResponse(result),
+                ..
+            })) => result,
+            Ok(Some(frame)) => Err(format!("{addr} answered {:?}", frame.message)),
             Ok(None) => Err(format!("{addr} closed the connection")),
             Err(e) => Err(format!("{addr}: {e}")),
         }
@@ -393,14 +404,17 @@ pub async fn hello(
     let addr = peer.addr;
     let exchange = async {
         let mut stream = peer.transport.connect(addr, peer.node, timeout).await?;
-        let frame = codec::encode("", &Message::Hello(hello)).map_err(|e| e.to_string())?;
+        let frame = codec::encode(0, "", &Message::Hello(hello)).map_err(|e| e.to_string())?;
         stream
             .write_all(&frame)
             .await
             .map_err(|e| format!("write to {addr}: {e}"))?;
         match codec::read_frame(&mut stream).await {
-            Ok(Some((_, Message::HelloResponse(answer)))) => Ok(answer),
-            Ok(Some((_, other))) => Err(format!("{addr} answered {other:?}")),
+            Ok(Some(Frame {
+                message: Message::HelloResponse(answer),
+                ..
+            })) => Ok(answer),
+            Ok(Some(frame)) => Err(format!("{addr} answered {:?}", frame.message)),
             Ok(None) => Err(format!("{addr} closed the connection")),
             Err(e) => Err(format!("{addr}: {e}")),
         }
@@ -420,7 +434,7 @@ mod tests {
     use crate::types::Vote;
 
     /// "Unknown group" is what a peer answers while it is still creating the group, for as
-    /// long as that takes: the link keeps its connection rather than reconnecting per retry.
+    /// long as that takes: the connection stays open rather than reconnecting per retry.
     #[tokio::test]
     async fn an_error_for_this_group_keeps_the_connection() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -435,7 +449,7 @@ mod tests {
                 .vote(VoteRequest::new(Vote::new(1, 1), None), option.clone())
                 .await;
             assert!(matches!(answer, Err(RPCError::Unreachable(_))));
-            assert!(link.stream.is_some());
+            assert_eq!(network.mesh().connections(), 1);
         }
         server.abort();
     }

@@ -1,7 +1,11 @@
 //! The wire format of Raft RPCs between brokers.
 //!
 //! Frame: `[len u32 BE][crc32c u32 BE of the body][body; len bytes]`.
-//! Body: `[kind u8][group-name length u16 BE][group name, UTF-8][payload]`.
+//! Body: `[kind u8][request id u32 BE][group-name length u16 BE][group name, UTF-8][payload]`.
+//!
+//! The request id pairs a response with its request: many groups' RPCs share one connection
+//! (`net/mux.rs`) and their answers come back in the order they are ready, not the order they
+//! were asked. A response carries its request's id; one-off exchanges (hello, forward) use 0.
 //!
 //! | kind | message | payload |
 //! |---|---|---|
@@ -16,6 +20,8 @@
 //! | 9 | Hello response | `node u64, registered u8, incarnation u64, has_cluster u8, cluster id (UTF-8, the rest)` |
 //! | 10 | Forward request | `payload` (the rest): a proposal for the group's leader to make |
 //! | 11 | Forward response | `ok u8, reason (UTF-8, the rest)` |
+//! | 12 | Beat request | `sender u64, count u32, count × [name length u16, group name, term u64, applied log_id?]` (group name empty) |
+//! | 13 | Beat response | `count u32, count × flags u8` (bit 0 accepted, bit 1 caught up), in the request's order |
 //!
 //! `vote` is `term u64, has_node u8, node u64, committed u8`; a membership is `record.rs`'s
 //! encoding, the one kept on disk. `log_id?` is `0u8`, or `1u8, term u64, index u64`. An entry
@@ -42,6 +48,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::{Hello, HelloAnswer};
 use crate::payload::{Command, Payload};
+use crate::pulse::{BeatAnswer, BeatItem, BEAT_ITEMS_MAX};
 use crate::record::{
     decode_membership, decode_vote, encode_membership, encode_vote_payload, VOTE_BYTES,
 };
@@ -72,7 +79,9 @@ pub fn frame_bytes_max(kind: u8) -> Option<usize> {
         | KIND_SNAPSHOT_RESPONSE
         | KIND_HELLO
         | KIND_HELLO_RESPONSE
-        | KIND_FORWARD_RESPONSE => Some(CONTROL_FRAME_BYTES),
+        | KIND_FORWARD_RESPONSE
+        | KIND_BEAT
+        | KIND_BEAT_RESPONSE => Some(CONTROL_FRAME_BYTES),
         _ => None,
     }
 }
@@ -89,8 +98,8 @@ fn reason_bytes(reason: &str) -> &[u8] {
 }
 
 const HEADER: usize = 8;
-/// Kind byte and group-name length: the least a body holds.
-const MIN_BODY: usize = 3;
+/// Kind byte, request id and group-name length: the least a body holds.
+const MIN_BODY: usize = 7;
 
 pub(crate) const KIND_APPEND: u8 = 1;
 pub(crate) const KIND_APPEND_RESPONSE: u8 = 2;
@@ -103,6 +112,14 @@ pub(crate) const KIND_HELLO: u8 = 8;
 pub(crate) const KIND_HELLO_RESPONSE: u8 = 9;
 pub(crate) const KIND_FORWARD: u8 = 10;
 pub(crate) const KIND_FORWARD_RESPONSE: u8 = 11;
+pub(crate) const KIND_BEAT: u8 = 12;
+pub(crate) const KIND_BEAT_RESPONSE: u8 = 13;
+
+/// Longest group name in a beat item (the broker's are a topic id and a partition number).
+pub const BEAT_GROUP_NAME_MAX: usize = 256;
+
+const BEAT_ACCEPTED: u8 = 1;
+const BEAT_CAUGHT_UP: u8 = 2;
 
 const ENTRY_BLANK: u8 = 0;
 const ENTRY_RECORDS: u8 = 1;
@@ -159,11 +176,31 @@ pub enum Message {
     Forward(Bytes),
     /// `Ok` once the leader has made (and applied) the proposal, else why not.
     ForwardResponse(Result<(), String>),
+    /// The heartbeat of every group `sender` leads and the receiver follows (`pulse.rs`).
+    Beat {
+        sender: NodeId,
+        items: Vec<BeatItem>,
+    },
+    /// One answer per item of a beat, in its order.
+    BeatResponse(Vec<BeatAnswer>),
     /// The request was not served (unknown group, wrong node, Raft stopped, bad frame).
     Error(String),
 }
 
 impl Message {
+    /// Whether a peer may send this kind as a request (the rest are answers).
+    pub fn is_request(&self) -> bool {
+        matches!(
+            self,
+            Message::AppendEntries { .. }
+                | Message::Vote { .. }
+                | Message::InstallSnapshot { .. }
+                | Message::Hello(_)
+                | Message::Forward(_)
+                | Message::Beat { .. }
+        )
+    }
+
     pub fn kind(&self) -> u8 {
         match self {
             Message::AppendEntries { .. } => KIND_APPEND,
@@ -176,6 +213,8 @@ impl Message {
             Message::HelloResponse(_) => KIND_HELLO_RESPONSE,
             Message::Forward(_) => KIND_FORWARD,
             Message::ForwardResponse(_) => KIND_FORWARD_RESPONSE,
+            Message::Beat { .. } => KIND_BEAT,
+            Message::BeatResponse(_) => KIND_BEAT_RESPONSE,
             Message::Error(_) => KIND_ERROR,
         }
     }
@@ -198,6 +237,8 @@ impl fmt::Display for KindName {
             KIND_HELLO_RESPONSE => f.write_str("Hello response"),
             KIND_FORWARD => f.write_str("Forward request"),
             KIND_FORWARD_RESPONSE => f.write_str("Forward response"),
+            KIND_BEAT => f.write_str("Beat request"),
+            KIND_BEAT_RESPONSE => f.write_str("Beat response"),
             other => write!(f, "kind {other}"),
         }
     }
@@ -235,6 +276,10 @@ impl fmt::Debug for Message {
             }
             Message::Forward(p) => write!(f, "Forward({} bytes)", p.len()),
             Message::ForwardResponse(r) => write!(f, "ForwardResponse({r:?})"),
+            Message::Beat { sender, items } => {
+                write!(f, "Beat(from {sender}: {} groups)", items.len())
+            }
+            Message::BeatResponse(a) => write!(f, "BeatResponse({} answers)", a.len()),
             Message::Error(reason) => write!(f, "Error({reason:?})"),
         }
     }
@@ -329,12 +374,13 @@ fn decode_entry(bytes: &[u8]) -> Result<Entry, CodecError> {
 }
 
 /// Encodes one whole frame, header included, ready to write.
-pub fn encode(group: &str, message: &Message) -> Result<Vec<u8>, CodecError> {
+pub fn encode(id: u32, group: &str, message: &Message) -> Result<Vec<u8>, CodecError> {
     let group_len = u16::try_from(group.len())
         .map_err(|_| malformed(format!("group name of {} bytes", group.len())))?;
     let mut out = Vec::with_capacity(64);
     out.extend_from_slice(&[0; HEADER]);
     out.push(message.kind());
+    out.extend_from_slice(&id.to_be_bytes());
     out.extend_from_slice(&group_len.to_be_bytes());
     out.extend_from_slice(group.as_bytes());
     match message {
@@ -414,6 +460,48 @@ pub fn encode(group: &str, message: &Message) -> Result<Vec<u8>, CodecError> {
             out.push(u8::from(result.is_ok()));
             if let Err(reason) = result {
                 out.extend_from_slice(reason_bytes(reason));
+            }
+        }
+        Message::Beat { sender, items } => {
+            if items.len() > BEAT_ITEMS_MAX {
+                return Err(malformed(format!(
+                    "a beat of {} groups (at most {BEAT_ITEMS_MAX})",
+                    items.len()
+                )));
+            }
+            put_u64(&mut out, *sender);
+            out.extend_from_slice(&(items.len() as u32).to_be_bytes());
+            for item in items {
+                let name = item.group.as_bytes();
+                if name.len() > BEAT_GROUP_NAME_MAX {
+                    return Err(malformed(format!(
+                        "group name of {} bytes in a beat (at most {BEAT_GROUP_NAME_MAX})",
+                        name.len()
+                    )));
+                }
+                out.extend_from_slice(&(name.len() as u16).to_be_bytes());
+                out.extend_from_slice(name);
+                put_u64(&mut out, item.term);
+                put_log_id(&mut out, &item.applied);
+            }
+        }
+        Message::BeatResponse(answers) => {
+            if answers.len() > BEAT_ITEMS_MAX {
+                return Err(malformed(format!(
+                    "a beat answer of {} groups (at most {BEAT_ITEMS_MAX})",
+                    answers.len()
+                )));
+            }
+            out.extend_from_slice(&(answers.len() as u32).to_be_bytes());
+            for a in answers {
+                let mut flags = 0;
+                if a.accepted {
+                    flags |= BEAT_ACCEPTED;
+                }
+                if a.caught_up {
+                    flags |= BEAT_CAUGHT_UP;
+                }
+                out.push(flags);
             }
         }
         Message::Error(reason) => out.extend_from_slice(reason_bytes(reason)),
@@ -519,8 +607,17 @@ pub fn parse_header(header: &[u8; HEADER]) -> Result<(usize, u32), CodecError> {
     Ok((len, crc))
 }
 
-/// Decodes a frame body whose header announced `crc`: the group name and the message.
-pub fn decode_body(body: &[u8], crc: u32) -> Result<(String, Message), CodecError> {
+/// One decoded frame.
+#[derive(Debug)]
+pub struct Frame {
+    /// The request id (a response's is its request's).
+    pub id: u32,
+    pub group: String,
+    pub message: Message,
+}
+
+/// Decodes a frame body whose header announced `crc`.
+pub fn decode_body(body: &[u8], crc: u32) -> Result<Frame, CodecError> {
     let actual = crc32c::crc32c(body);
     if actual != crc {
         return Err(CodecError::BadCrc {
@@ -530,6 +627,7 @@ pub fn decode_body(body: &[u8], crc: u32) -> Result<(String, Message), CodecErro
     }
     let mut r = Reader { buf: body, at: 0 };
     let kind = r.u8("kind")?;
+    let id = r.u32("request id")?;
     let group_len = usize::from(r.u16("group name length")?);
     let group = std::str::from_utf8(r.take(group_len, "group name")?)
         .map_err(|_| malformed("group name is not UTF-8"))?
@@ -645,6 +743,42 @@ pub fn decode_body(body: &[u8], crc: u32) -> Result<(String, Message), CodecErro
                 .map_err(|_| malformed("forward reason is not UTF-8"))?;
             Message::ForwardResponse(if ok { Ok(()) } else { Err(reason) })
         }
+        KIND_BEAT => {
+            let sender = r.u64("sender")?;
+            let count = beat_count(r.u32("beat count")?)?;
+            let mut items = Vec::with_capacity(count);
+            for _ in 0..count {
+                let len = usize::from(r.u16("beat group name length")?);
+                if len > BEAT_GROUP_NAME_MAX {
+                    return Err(malformed(format!(
+                        "beat group name of {len} bytes (at most {BEAT_GROUP_NAME_MAX})"
+                    )));
+                }
+                let name = std::str::from_utf8(r.take(len, "beat group name")?)
+                    .map_err(|_| malformed("beat group name is not UTF-8"))?;
+                items.push(BeatItem {
+                    group: std::sync::Arc::from(name),
+                    term: r.u64("beat term")?,
+                    applied: r.log_id("beat applied log id")?,
+                });
+            }
+            Message::Beat { sender, items }
+        }
+        KIND_BEAT_RESPONSE => {
+            let count = beat_count(r.u32("beat answer count")?)?;
+            let mut answers = Vec::with_capacity(count);
+            for _ in 0..count {
+                let flags = r.u8("beat answer")?;
+                if flags & !(BEAT_ACCEPTED | BEAT_CAUGHT_UP) != 0 {
+                    return Err(malformed(format!("beat answer flags {flags:#04x}")));
+                }
+                answers.push(BeatAnswer {
+                    accepted: flags & BEAT_ACCEPTED != 0,
+                    caught_up: flags & BEAT_CAUGHT_UP != 0,
+                });
+            }
+            Message::BeatResponse(answers)
+        }
         KIND_ERROR => Message::Error(
             String::from_utf8(r.rest().to_vec())
                 .map_err(|_| malformed("error reason is not UTF-8"))?,
@@ -652,11 +786,23 @@ pub fn decode_body(body: &[u8], crc: u32) -> Result<(String, Message), CodecErro
         other => return Err(malformed(format!("unknown message kind {other}"))),
     };
     r.finish(&KindName(kind).to_string())?;
-    Ok((group, message))
+    Ok(Frame { id, group, message })
+}
+
+/// A beat's item count, checked against [`BEAT_ITEMS_MAX`] before anything is reserved.
+fn beat_count(count: u32) -> Result<usize, CodecError> {
+    usize::try_from(count)
+        .ok()
+        .filter(|&n| n <= BEAT_ITEMS_MAX)
+        .ok_or_else(|| {
+            malformed(format!(
+                "a beat of {count} groups (at most {BEAT_ITEMS_MAX})"
+            ))
+        })
 }
 
 /// Reads one frame. `Ok(None)` when the stream ends cleanly between frames.
-pub async fn read_frame<R>(r: &mut R) -> Result<Option<(String, Message)>, CodecError>
+pub async fn read_frame<R>(r: &mut R) -> Result<Option<Frame>, CodecError>
 where
     R: AsyncRead + Unpin,
 {
@@ -713,6 +859,10 @@ mod tests {
         LogId::new(CommittedLeaderId::new(term, 0), index)
     }
 
+    /// The request id every test frame carries: four distinct bytes, so a misplaced field
+    /// would not decode back to it.
+    const ID: u32 = 0x0102_0304;
+
     fn decode_all(frame: &[u8]) -> (String, Message) {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -720,7 +870,8 @@ mod tests {
         let mut input = frame;
         let out = rt.block_on(read_frame(&mut input)).unwrap().unwrap();
         assert!(input.is_empty(), "the whole frame is consumed");
-        out
+        assert_eq!(out.id, ID);
+        (out.group, out.message)
     }
 
     fn read_err(bytes: &[u8]) -> CodecError {
@@ -815,7 +966,7 @@ mod tests {
                             entries: entries.clone(),
                         },
                     };
-                    let frame = encode("orders/3", &msg).unwrap();
+                    let frame = encode(ID, "orders/3", &msg).unwrap();
                     let (group, back) = decode_all(&frame);
                     assert_eq!(group, "orders/3");
                     let Message::AppendEntries { target, rpc } = back else {
@@ -854,6 +1005,7 @@ mod tests {
                 AppendEntriesResponse::HigherVote(v) => AppendEntriesResponse::HigherVote(*v),
             };
             let frame = encode(
+                ID,
                 "__cluster_metadata/0",
                 &Message::AppendEntriesResponse(copy),
             )
@@ -866,6 +1018,7 @@ mod tests {
             for last in log_ids() {
                 let rpc = VoteRequest::new(vote, last);
                 let frame = encode(
+                    ID,
                     "g",
                     &Message::Vote {
                         target: 3,
@@ -881,14 +1034,14 @@ mod tests {
                         vote_granted: granted,
                         last_log_id: last,
                     };
-                    let frame = encode("g", &Message::VoteResponse(resp.clone())).unwrap();
+                    let frame = encode(ID, "g", &Message::VoteResponse(resp.clone())).unwrap();
                     let (_, back) = decode_all(&frame);
                     assert!(matches!(back, Message::VoteResponse(r) if r == resp));
                 }
             }
         }
         for reason in ["", "unknown group \"orders/3\"", "raft: raft stopped ✓"] {
-            let frame = encode("", &Message::Error(reason.to_string())).unwrap();
+            let frame = encode(ID, "", &Message::Error(reason.to_string())).unwrap();
             let (group, back) = decode_all(&frame);
             assert_eq!(group, "");
             assert!(matches!(back, Message::Error(r) if r == reason));
@@ -897,6 +1050,7 @@ mod tests {
 
     fn sample_frame() -> Vec<u8> {
         encode(
+            ID,
             "orders/3",
             &Message::AppendEntries {
                 target: 1,
@@ -974,7 +1128,7 @@ mod tests {
         assert!(e.to_string().contains("unknown kind 200"), "{e}");
 
         let long = "é".repeat(CONTROL_FRAME_BYTES);
-        let encoded = encode("orders/0", &Message::Error(long)).unwrap();
+        let encoded = encode(ID, "orders/0", &Message::Error(long)).unwrap();
         let (_, Message::Error(reason)) = decode_all(&encoded) else {
             panic!("an error decodes as an error");
         };
@@ -1031,13 +1185,14 @@ mod tests {
                 entries: vec![],
             },
         };
-        let frame = encode("g", &msg).unwrap();
+        let frame = encode(ID, "g", &msg).unwrap();
         let mut body = frame[HEADER..].to_vec();
         let n = body.len();
         body[n - 4..].copy_from_slice(&u32::MAX.to_be_bytes());
         assert!(decode_body(&body, crc32c::crc32c(&body)).is_err());
         // A vote response whose granted flag is neither 0 nor 1.
         let frame = encode(
+            ID,
             "g",
             &Message::VoteResponse(VoteResponse {
                 vote: Vote::new(1, 1),
@@ -1047,14 +1202,85 @@ mod tests {
         )
         .unwrap();
         let mut body = frame[HEADER..].to_vec();
-        let at = 3 + 1 + VOTE_BYTES;
+        // Kind, request id, group-name length, "g", then the vote.
+        let at = 1 + 4 + 2 + 1 + VOTE_BYTES;
         body[at] = 2;
         assert!(decode_body(&body, crc32c::crc32c(&body)).is_err());
     }
 
     #[test]
+    fn beats_round_trip_and_their_bounds_are_checked() {
+        let items = vec![
+            BeatItem {
+                group: "orders/3".into(),
+                term: 7,
+                applied: Some(lid(7, 42)),
+            },
+            BeatItem {
+                group: "__consumer_offsets/0".into(),
+                term: u64::MAX,
+                applied: None,
+            },
+        ];
+        let frame = encode(
+            ID,
+            "",
+            &Message::Beat {
+                sender: 3,
+                items: items.clone(),
+            },
+        )
+        .unwrap();
+        let (group, back) = decode_all(&frame);
+        assert_eq!(group, "");
+        assert!(matches!(back, Message::Beat { sender: 3, items: i } if i == items));
+        let answers = vec![
+            BeatAnswer::default(),
+            BeatAnswer {
+                accepted: true,
+                caught_up: false,
+            },
+            BeatAnswer {
+                accepted: true,
+                caught_up: true,
+            },
+        ];
+        let frame = encode(ID, "", &Message::BeatResponse(answers.clone())).unwrap();
+        let (_, back) = decode_all(&frame);
+        assert!(matches!(back, Message::BeatResponse(a) if a == answers));
+
+        // More items than a beat may carry: refused before anything is reserved.
+        let mut body = vec![KIND_BEAT, 0, 0, 0, 9, 0, 0];
+        body.extend_from_slice(&3u64.to_be_bytes());
+        body.extend_from_slice(&u32::MAX.to_be_bytes());
+        let e = decode_body(&body, crc32c::crc32c(&body)).unwrap_err();
+        assert!(e.to_string().contains("at most 2048"), "{e}");
+        // An answer with a flag this protocol lacks.
+        let mut body = vec![KIND_BEAT_RESPONSE, 0, 0, 0, 9, 0, 0];
+        body.extend_from_slice(&1u32.to_be_bytes());
+        body.push(0x04);
+        let e = decode_body(&body, crc32c::crc32c(&body)).unwrap_err();
+        assert!(e.to_string().contains("flags"), "{e}");
+        // A group name past the bound is neither sent nor taken.
+        let long = Message::Beat {
+            sender: 1,
+            items: vec![BeatItem {
+                group: "x".repeat(BEAT_GROUP_NAME_MAX + 1).into(),
+                term: 1,
+                applied: None,
+            }],
+        };
+        assert!(encode(ID, "", &long).is_err());
+        let too_many = Message::Beat {
+            sender: 1,
+            items: vec![items[1].clone(); BEAT_ITEMS_MAX + 1],
+        };
+        assert!(encode(ID, "", &too_many).is_err());
+    }
+
+    #[test]
     fn a_group_name_too_long_for_its_length_field_is_refused() {
         let name = "x".repeat(usize::from(u16::MAX) + 1);
-        assert!(encode(&name, &Message::Error(String::new())).is_err());
+        assert!(encode(ID, &name, &Message::Error(String::new())).is_err());
     }
 }

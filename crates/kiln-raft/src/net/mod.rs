@@ -3,24 +3,33 @@
 //! Every broker has one listener ([`serve`]) shared by all its Raft groups (one per partition,
 //! plus the metadata group); each RPC names its group (`"orders/3"`, `"__cluster_metadata/0"`)
 //! and the node it is for. The sending side is openraft's network for one group
-//! ([`TcpNetwork`]), which keeps one stream per target ([`TcpLink`]). Streams are plain TCP or
+//! ([`TcpNetwork`], a [`TcpLink`] per target); every group's links share the broker's one
+//! connection per peer ([`Mesh`], `net/mux.rs`), which carries many requests at once, each
+//! answered by its id. Connections are plain TCP or
 //! mutual TLS with the cluster CA (`net/transport.rs`). The wire format is in `net/codec.rs`;
 //! docs/replication.md ("Transport") has the failure behaviour, docs/security.md the trust.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
+use tokio::time::Instant;
+
 use crate::guard::ReplicaHealth;
 use crate::partition::ReplicatedPartition;
+use crate::pulse::{BeatAnswer, BeatItem};
 use crate::types::{NodeId, Raft};
 
 mod client;
 pub(crate) mod codec;
+mod mux;
 mod server;
 mod transport;
 
-pub use client::{forward, hello, LinkCuts, PeerRef, TcpLink, TcpNetwork, DEFAULT_CONNECT_TIMEOUT};
+pub use client::{
+    forward, hello, LinkCuts, MeshBeats, PeerRef, TcpLink, TcpNetwork, DEFAULT_CONNECT_TIMEOUT,
+};
 pub use codec::MAX_FRAME_BYTES;
+pub use mux::{Mesh, IN_FLIGHT_MAX, OUTBOX_BYTES_MAX, RECONNECT_PAUSE, SILENCE_MAX};
 pub use server::{
     serve, serve_with, ServeOptions, CONNECTIONS_PER_PEER_MAX, HANDSHAKES_MAX, HANDSHAKE_TIMEOUT,
 };
@@ -58,6 +67,26 @@ pub type PeerAddrs = Arc<BTreeMap<NodeId, String>>;
 pub trait RaftGroups: Send + Sync + 'static {
     fn raft(&self, group: &str) -> Option<Raft>;
 
+    /// The group's replica, if it is served with one: then its AppendEntries and votes go
+    /// through [`ReplicatedPartition::serve_append`] and [`ReplicatedPartition::serve_vote`],
+    /// which keep its liveness (`liveness.rs`), and beats reach it. `None` (the default) serves
+    /// the Raft handle alone and answers beats with nothing accepted.
+    fn replica(&self, _group: &str) -> Option<ReplicatedPartition> {
+        None
+    }
+
+    /// Answers a beat from `sender` (`pulse.rs`), which arrived at `arrived`: each item by
+    /// its group's replica, an unknown group's with nothing accepted.
+    fn beat(&self, sender: NodeId, items: &[BeatItem], arrived: Instant) -> Vec<BeatAnswer> {
+        items
+            .iter()
+            .map(|item| {
+                self.replica(&item.group)
+                    .map_or_else(BeatAnswer::default, |r| r.serve_beat(sender, item, arrived))
+            })
+            .collect()
+    }
+
     /// The group's replica health ([`ReplicatedPartition::health`]). With it the server
     /// refuses vote requests while the replica repairs damaged files, and every request while
     /// its disk is full (its Raft core is stuck in a write; queued requests would only pile
@@ -87,7 +116,23 @@ pub trait RaftGroups: Send + Sync + 'static {
 /// A [`RaftGroups`] that groups are added to and removed from as they are created and dropped.
 #[derive(Default)]
 pub struct GroupTable {
-    groups: RwLock<HashMap<String, (Raft, Option<ReplicaHealth>)>>,
+    groups: RwLock<HashMap<String, Served>>,
+}
+
+/// How a group is served: by its Raft handle alone, or by its replica.
+#[derive(Clone)]
+enum Served {
+    Raft(Raft),
+    Replica(ReplicatedPartition),
+}
+
+impl Served {
+    fn raft(&self) -> Raft {
+        match self {
+            Served::Raft(r) => r.clone(),
+            Served::Replica(r) => r.raft().clone(),
+        }
+    }
 }
 
 impl GroupTable {
@@ -95,57 +140,53 @@ impl GroupTable {
         Self::default()
     }
 
-    /// Serves `group` from `raft` (with no health checks: prefer
-    /// [`GroupTable::insert_replica`]); returns the handle it replaces, if any.
-    pub fn insert(&self, group: impl Into<String>, raft: Raft) -> Option<Raft> {
-        self.groups
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(group.into(), (raft, None))
-            .map(|(r, _)| r)
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Served>> {
+        self.groups.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Serves `group` from `replica`, refusing votes while it repairs and every request while
-    /// its disk is full.
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Served>> {
+        self.groups.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Serves `group` from `raft` (with no health checks and no liveness: prefer
+    /// [`GroupTable::insert_replica`]); returns the handle it replaces, if any.
+    pub fn insert(&self, group: impl Into<String>, raft: Raft) -> Option<Raft> {
+        self.write()
+            .insert(group.into(), Served::Raft(raft))
+            .map(|s| s.raft())
+    }
+
+    /// Serves `group` from `replica`: votes refused while it repairs, every request while its
+    /// disk is full, and its liveness kept.
     pub fn insert_replica(
         &self,
         group: impl Into<String>,
         replica: &ReplicatedPartition,
     ) -> Option<Raft> {
-        self.groups
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(
-                group.into(),
-                (replica.raft().clone(), Some(replica.health())),
-            )
-            .map(|(r, _)| r)
+        self.write()
+            .insert(group.into(), Served::Replica(replica.clone()))
+            .map(|s| s.raft())
     }
 
     /// Stops serving `group`: its RPCs get "unknown group" from now on.
     pub fn remove(&self, group: &str) -> Option<Raft> {
-        self.groups
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(group)
-            .map(|(r, _)| r)
+        self.write().remove(group).map(|s| s.raft())
     }
 }
 
 impl RaftGroups for GroupTable {
     fn raft(&self, group: &str) -> Option<Raft> {
-        self.groups
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(group)
-            .map(|(r, _)| r.clone())
+        self.read().get(group).map(Served::raft)
+    }
+
+    fn replica(&self, group: &str) -> Option<ReplicatedPartition> {
+        match self.read().get(group) {
+            Some(Served::Replica(r)) => Some(r.clone()),
+            _ => None,
+        }
     }
 
     fn health(&self, group: &str) -> Option<ReplicaHealth> {
-        self.groups
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(group)
-            .and_then(|(_, h)| h.clone())
+        self.replica(group).map(|r| r.health())
     }
 }

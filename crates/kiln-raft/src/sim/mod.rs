@@ -64,7 +64,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::partition::{
-    production_config, AppendAck, PartitionError, ReplicatedPartition, StartOptions,
+    production_config, production_timings, AppendAck, PartitionError, ReplicatedPartition,
+    StartOptions,
 };
 use crate::rng::StableRng;
 use crate::state_machine::GroupKind;
@@ -288,6 +289,8 @@ struct Slot {
     applied_at_crash: Option<u64>,
     /// The broker's replica of the offsets group.
     offsets: Member,
+    /// The broker's pulse (`pulse.rs`), while it is up.
+    pulse: Option<JoinHandle<()>>,
 }
 
 /// A broker's replica of the offsets group.
@@ -368,6 +371,21 @@ impl World {
     async fn start_node(&mut self, id: NodeId) {
         self.start_data(id).await;
         self.start_offsets(id).await;
+        let broker = net::SimBroker {
+            node: id,
+            router: self.router.clone(),
+        };
+        let pulse = tokio::spawn(crate::pulse::run(
+            id,
+            production_timings(),
+            Arc::new(broker),
+            Arc::new(self.router.clone()),
+        ));
+        if let Some(slot) = self.slots.get_mut(&id) {
+            if let Some(old) = slot.pulse.replace(pulse) {
+                old.abort();
+            }
+        }
     }
 
     /// The options of broker `id`'s replica in `dir` on `fs`.
@@ -375,6 +393,8 @@ impl World {
         StartOptions {
             id,
             config: production_config(),
+            timings: production_timings(),
+            stagger: crate::partition::stagger_of(dir),
             fs: Arc::new(fs.clone()),
             dir: Path::new(dir).to_path_buf(),
             log: sim_log_config(),
@@ -652,7 +672,7 @@ impl World {
         let (fs, crash) = slot.fs.crash(|n| rng.random_range(0..=n));
         slot.fs = fs;
         let off = &mut slot.offsets;
-        for w in [slot.watcher.take(), off.watcher.take()]
+        for w in [slot.watcher.take(), off.watcher.take(), slot.pulse.take()]
             .into_iter()
             .flatten()
         {
@@ -1053,6 +1073,7 @@ pub async fn run(opts: SimOptions) -> SimReport {
                     replica: None,
                     watcher: None,
                 },
+                pulse: None,
             },
         );
     }

@@ -16,7 +16,8 @@ use openraft::raft::{
 use openraft::{EmptyNode, RaftNetwork, RaftNetworkFactory};
 use rand::Rng;
 
-use crate::partition::ReplicatedPartition;
+use crate::partition::{ReplicatedPartition, VoteRefused};
+use crate::pulse::{BeatAnswer, BeatFuture, BeatItem, PulseGroups, PulseNetwork};
 use crate::rng::StableRng;
 use crate::types::{KilnRaft, NodeId};
 
@@ -160,8 +161,7 @@ impl RaftNetwork<KilnRaft> for SimLink {
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, EmptyNode, RaftError<NodeId>>> {
         let target = self.router.deliver(self.group, self.from, self.to).await?;
         let resp = target
-            .raft()
-            .append_entries(rpc)
+            .serve_append(rpc, tokio::time::Instant::now())
             .await
             .map_err(|_| unreachable("target stopped"))?;
         self.router.respond(self.group, self.from, self.to).await?;
@@ -196,16 +196,93 @@ impl RaftNetwork<KilnRaft> for SimLink {
         if target.repairing() {
             return Err(unreachable("target is repairing"));
         }
-        let resp = target
-            .raft()
-            .vote(rpc)
-            .await
-            .map_err(|_| unreachable("target stopped"))?;
+        let resp = match target.serve_vote(rpc, tokio::time::Instant::now()).await {
+            Ok(resp) => resp,
+            Err(VoteRefused::Lease(_)) => return Err(unreachable("vote refused: lease")),
+            Err(VoteRefused::Raft(_)) => return Err(unreachable("target stopped")),
+        };
         self.router.respond(self.group, self.from, self.to).await?;
         Ok(resp)
     }
 
     fn backoff(&self) -> Backoff {
         Backoff::new(std::iter::repeat(Duration::from_millis(50)))
+    }
+}
+
+impl PulseNetwork for SimRouter {
+    /// One hop there, every item answered by the peer's replica of its group (none if that
+    /// replica is down), one hop back; a lost hop loses the whole beat.
+    fn beat(
+        &self,
+        from: NodeId,
+        peer: NodeId,
+        items: Vec<BeatItem>,
+        deadline: tokio::time::Instant,
+    ) -> BeatFuture {
+        let router = self.clone();
+        Box::pin(async move {
+            let trip = async {
+                let group = items
+                    .first()
+                    .and_then(|i| group_index(&i.group))
+                    .unwrap_or(0);
+                if !router.hop(group, from, peer).await {
+                    return Err("beat lost".to_string());
+                }
+                let arrived = tokio::time::Instant::now();
+                let answers: Vec<BeatAnswer> = {
+                    let s = router.lock();
+                    items
+                        .iter()
+                        .map(|item| {
+                            group_index(&item.group)
+                                .and_then(|g| s.up.get(&(g, peer)))
+                                .map_or_else(BeatAnswer::default, |r| {
+                                    r.serve_beat(from, item, arrived)
+                                })
+                        })
+                        .collect()
+                };
+                if !router.hop(group, peer, from).await {
+                    return Err("beat answer lost".to_string());
+                }
+                Ok(answers)
+            };
+            tokio::time::timeout_at(deadline, trip)
+                .await
+                .unwrap_or_else(|_| Err("beat timed out".to_string()))
+        })
+    }
+}
+
+/// A simulated group's name on the pulse: its index.
+pub(super) fn group_name(group: usize) -> String {
+    group.to_string()
+}
+
+fn group_index(name: &str) -> Option<usize> {
+    name.parse().ok()
+}
+
+/// The replicas broker `node` runs, for its pulse.
+pub(super) struct SimBroker {
+    pub(super) node: NodeId,
+    pub(super) router: SimRouter,
+}
+
+impl PulseGroups for SimBroker {
+    fn each(&self, f: &mut dyn FnMut(&str, &ReplicatedPartition)) {
+        let replicas: Vec<(usize, ReplicatedPartition)> = self
+            .router
+            .lock()
+            .up
+            .iter()
+            .filter(|((_, n), _)| *n == self.node)
+            .map(|((g, _), r)| (*g, r.clone()))
+            .collect();
+        for (group, replica) in replicas {
+            f(&group_name(group), &replica);
+        }
     }
 }

@@ -1,0 +1,643 @@
+//! Liveness per replica: when it last heard from its leader, when its followers last
+//! acknowledged it, and what follows: the leader's lease, the votes it must refuse, when it
+//! stands for election.
+//!
+//! openraft keeps these facts inside its core and acts on them on a timer of its own per
+//! group: a heartbeat to every follower each interval, an election check each tick. A broker
+//! with thousands of groups would spend its CPU on those timers while nothing happens. So
+//! Kiln keeps the facts here, written by the transport as messages arrive and leave, and one
+//! task per broker (`pulse.rs`) acts on them for all its replicas at once. This module is the
+//! one source of truth for them; `pulse.rs` and the transports only record and read.
+//!
+//! **Follower side.** `heard` is the (term, leader, arrival time) of the last message from a
+//! leader this replica accepted: an AppendEntries it answered without a higher vote, a vote
+//! it granted, or a beat (`pulse.rs`) naming the term and leader of its own committed vote.
+//! While `heard` is younger than [`Timings::vote_lease`] the replica grants no vote to any
+//! other candidate ([`Liveness::refuses_vote`]): a leader can count every acknowledgement as a
+//! promise that no successor is elected within that time. openraft keeps the same rule for
+//! the messages it sees; this one also covers beats, which openraft never sees.
+//!
+//! **Leader side.** `acks` holds, for one term, the send time of the latest message each
+//! peer acknowledged (an AppendEntries answered without a higher vote, a vote granted, a beat
+//! accepted). The lease holds ([`Liveness::lease_holds`]) while a quorum of the voters, this
+//! replica counted, acknowledged something sent at most [`Timings::lease`] ago. Every time
+//! is this replica's own clock reading, taken when it sent, so nothing depends on when
+//! openraft last ran. Why the lease is early enough: a peer that acknowledged a message sent
+//! at `s` received it at some `r >= s` and refuses other candidates until `r +
+//! vote_lease`; the lease ends at `s + lease`, `lease < vote_lease` earlier, which leaves
+//! room for clocks that run at slightly different rates.
+//!
+//! **Elections** ([`Liveness::election_due`]), openraft's own rules on this clock: a replica
+//! stands once an election timeout drawn from `[election_min, election_max)` passed since it
+//! last heard from a leader or candidate (or last stood), plus `vote_lease` when its vote is
+//! committed (it followed an elected leader), plus twice `election_max` when a voter told it
+//! of a longer log than its own at its last try (let the replica with the longest log stand
+//! first: only it can win). The draw is taken again after every try, so two replicas that
+//! tied once are unlikely to tie again. When an elected leader goes quiet, its followers'
+//! timeouts fall in slices of the range, one per follower, in an order every replica of the
+//! group derives alike from the group's name (`stagger`) and the leader's term: a dead broker's
+//! thousand groups then elect with hardly a split vote, and their new leaders spread over the
+//! survivors.
+//!
+//! **Quiet groups.** A leader whose followers all reported holding and having applied its
+//! whole log, as of the log's current end, needs to send them nothing but the beat: the
+//! `quiet` mark says so until the log moves or a follower reports otherwise.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use rand08::Rng;
+use tokio::time::Instant;
+
+use crate::types::{LogId, NodeId, ThreadRng};
+
+/// The timings liveness is judged by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timings {
+    /// How often a leader makes itself heard (a beat or a heartbeat to every follower).
+    pub heartbeat: Duration,
+    /// A follower stands after `vote_lease` plus a draw from `[election_min, election_max)`.
+    pub election_min: Duration,
+    pub election_max: Duration,
+}
+
+impl Timings {
+    /// From milliseconds; an error unless `0 < heartbeat_ms < election_min_ms <
+    /// election_max_ms` and the lease (below) is at least a heartbeat.
+    pub fn from_ms(
+        heartbeat_ms: u64,
+        election_min_ms: u64,
+        election_max_ms: u64,
+    ) -> Result<Timings, String> {
+        if heartbeat_ms == 0
+            || election_min_ms <= heartbeat_ms
+            || election_max_ms <= election_min_ms
+        {
+            return Err(format!(
+                "timings must satisfy 0 < heartbeat ({heartbeat_ms} ms) < election_timeout_min \
+                 ({election_min_ms} ms) < election_timeout_max ({election_max_ms} ms)"
+            ));
+        }
+        let t = Timings {
+            heartbeat: Duration::from_millis(heartbeat_ms),
+            election_min: Duration::from_millis(election_min_ms),
+            election_max: Duration::from_millis(election_max_ms),
+        };
+        if t.vote_lease() < t.margin() + t.heartbeat {
+            return Err(format!(
+                "election_timeout_max ({election_max_ms} ms) must be at least 2.5 heartbeats \
+                 ({} ms): a leader's lease is election_timeout_max less 1.5 heartbeats, and \
+                 must outlast a heartbeat",
+                heartbeat_ms * 5 / 2
+            ));
+        }
+        Ok(t)
+    }
+
+    /// How long a follower refuses other candidates after hearing from its leader (openraft's
+    /// follower lease): the longest election timeout.
+    pub fn vote_lease(&self) -> Duration {
+        self.election_max
+    }
+
+    /// How long a leader serves clients after sending a message a quorum acknowledged: the
+    /// vote lease less [`Timings::margin`].
+    pub fn lease(&self) -> Duration {
+        self.vote_lease().saturating_sub(self.margin())
+    }
+
+    /// What the lease leaves out of the vote lease: 1.5 heartbeats, for clocks that run at
+    /// slightly different rates and a peer's refusal checked a little late.
+    fn margin(&self) -> Duration {
+        self.heartbeat * 3 / 2
+    }
+}
+
+/// What openraft last said of a replica's role: kept here so the pulse's checks, thousands a
+/// second on a broker of many partitions, read one lock instead of openraft's metrics (whose
+/// voter set openraft rebuilds on every read). Updated whenever openraft's server metrics
+/// change (`partition.rs`, `follow_role`), which they do only with the vote, the state, the
+/// leader or the membership.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Role {
+    pub state: openraft::ServerState,
+    /// The term of its vote.
+    pub term: u64,
+    /// Its vote is committed: it follows (or is) an elected leader.
+    pub committed: bool,
+    pub voters: Arc<[NodeId]>,
+}
+
+/// The leader and term a follower last heard from, and when the message arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heard {
+    pub term: u64,
+    pub leader: NodeId,
+    pub at: Instant,
+}
+
+/// One replica's liveness (see the module docs). Cheap to share: the broker's pulse task and
+/// both ends of the transport hold it.
+#[derive(Debug)]
+pub struct Liveness {
+    id: NodeId,
+    timings: Timings,
+    /// The same on every replica of the group: orders its followers after a leader dies.
+    stagger: u64,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    role: Role,
+    heard: Option<Heard>,
+    /// The term `acks` are of, and per peer the send time of its latest acknowledged message.
+    acks_term: u64,
+    acks: BTreeMap<NodeId, Instant>,
+    /// Leader: every follower held and had applied the log through this entry, in this term.
+    quiet: Option<(u64, LogId)>,
+    /// When the replica started, or last stood for election: the election clock starts there
+    /// when nothing was heard since.
+    since: Instant,
+    /// Where in its election timeout range the next try falls, drawn from `[0, 1)`.
+    draw: f64,
+    /// Whether it may stand at all (not while repairing: `guard.rs`).
+    may_stand: bool,
+    /// A voter answered its last try with a longer log than its own.
+    greater_log: bool,
+    /// Leader: the term in which it last held its lease, for counting lapses.
+    held_in: Option<u64>,
+    lapses: u64,
+}
+
+impl Liveness {
+    /// `stagger`: the same number on every replica of the group (a hash of its name), which
+    /// orders the followers that stand after their leader dies (see the module docs).
+    pub fn new(id: NodeId, timings: Timings, stagger: u64) -> Liveness {
+        Liveness {
+            id,
+            timings,
+            stagger,
+            state: Mutex::new(State {
+                role: Role {
+                    state: openraft::ServerState::Learner,
+                    term: 0,
+                    committed: false,
+                    voters: Arc::from(Vec::new()),
+                },
+                heard: None,
+                acks_term: 0,
+                acks: BTreeMap::new(),
+                quiet: None,
+                since: Instant::now(),
+                draw: draw(),
+                may_stand: true,
+                greater_log: false,
+                held_in: None,
+                lapses: 0,
+            }),
+        }
+    }
+
+    pub fn timings(&self) -> Timings {
+        self.timings
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update is a few plain assignments: a panic elsewhere leaves the state whole.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// openraft's view of this replica's role changed.
+    pub fn set_role(&self, role: Role) {
+        self.lock().role = role;
+    }
+
+    pub fn role(&self) -> Role {
+        self.lock().role.clone()
+    }
+
+    /// A message from `leader` of `term`, which arrived at `at`, was accepted.
+    pub fn heard(&self, term: u64, leader: NodeId, at: Instant) {
+        let mut s = self.lock();
+        match s.heard {
+            Some(h) if h.term > term => {}
+            Some(h) if h.term == term && h.leader == leader && h.at >= at => {}
+            _ => s.heard = Some(Heard { term, leader, at }),
+        }
+    }
+
+    /// The last leader heard from, if it was heard within `within` of `now`.
+    pub fn heard_within(&self, now: Instant, within: Duration) -> Option<Heard> {
+        self.lock()
+            .heard
+            .filter(|h| now.saturating_duration_since(h.at) <= within)
+    }
+
+    /// Why a vote for `candidate` must be refused at `now`, if it must: its leader was heard
+    /// within the vote lease, and the candidate is another replica.
+    pub fn refuses_vote(&self, candidate: NodeId, now: Instant) -> Option<String> {
+        let h = self.heard_within(now, self.timings.vote_lease())?;
+        (h.leader != candidate).then(|| {
+            format!(
+                "node {} heard from its leader {} (term {}) {} ms ago: no vote for node {candidate} \
+                 within {} ms of that",
+                self.id,
+                h.leader,
+                h.term,
+                now.saturating_duration_since(h.at).as_millis(),
+                self.timings.vote_lease().as_millis()
+            )
+        })
+    }
+
+    /// `peer` acknowledged a message this replica sent at `sent` as leader (or candidate) of
+    /// `term`.
+    pub fn acked(&self, term: u64, peer: NodeId, sent: Instant) {
+        let mut s = self.lock();
+        if term < s.acks_term {
+            return;
+        }
+        if term > s.acks_term {
+            s.acks_term = term;
+            s.acks.clear();
+        }
+        let at = s.acks.entry(peer).or_insert(sent);
+        *at = (*at).max(sent);
+    }
+
+    /// Whether a leader of `term` whose voters are `voters` holds its lease at `now` (see the
+    /// module docs). The caller checks that the replica is Raft leader of `term`.
+    pub fn lease_holds(&self, term: u64, voters: &[NodeId], now: Instant) -> bool {
+        let s = self.lock();
+        lease_holds(&s, self.id, self.timings.lease(), term, voters, now)
+    }
+
+    /// The send time of the latest message `peer` acknowledged in `term`.
+    pub fn acked_at(&self, term: u64, peer: NodeId) -> Option<Instant> {
+        let s = self.lock();
+        (s.acks_term == term)
+            .then(|| s.acks.get(&peer).copied())
+            .flatten()
+    }
+
+    /// The pulse's look at this replica at `now` (by its last known role), under one lock:
+    /// when to stand, if its election timeout passes within `horizon` (see
+    /// [`Liveness::election_due`]); as a leader, count a lapse when it held its lease in its
+    /// term and no longer does.
+    pub fn check(&self, now: Instant, horizon: Duration) -> Check {
+        let mut s = self.lock();
+        if s.role.state != openraft::ServerState::Leader {
+            return match election_at(&s, self.id, self.stagger, &self.timings) {
+                Some(at) if at <= now + horizon => Check::Stand(at),
+                _ => Check::Idle,
+            };
+        }
+        let term = s.role.term;
+        let holds = lease_holds(&s, self.id, self.timings.lease(), term, &s.role.voters, now);
+        let lapsed = match (holds, s.held_in) {
+            (true, _) => {
+                s.held_in = Some(term);
+                false
+            }
+            (false, Some(t)) if t == term => {
+                s.lapses += 1;
+                s.held_in = None;
+                true
+            }
+            (false, _) => false,
+        };
+        Check::Lead { term, lapsed }
+    }
+
+    /// Times this replica, leading, lost its lease within its term.
+    pub fn lapses(&self) -> u64 {
+        self.lock().lapses
+    }
+
+    /// Whether this replica should stand for election at `now`: a voter that follows or
+    /// stands (by its last known role) whose election timeout passed. Never while standing is
+    /// off.
+    pub fn election_due(&self, now: Instant) -> bool {
+        election_at(&self.lock(), self.id, self.stagger, &self.timings).is_some_and(|at| at <= now)
+    }
+
+    /// The replica stood for election at `now`: the next try waits a fresh draw from here.
+    pub fn stood(&self, now: Instant) {
+        let mut s = self.lock();
+        s.since = now;
+        s.draw = draw();
+        s.greater_log = false;
+    }
+
+    /// A voter answered a vote request with a longer log than this replica's.
+    pub fn saw_greater_log(&self) {
+        self.lock().greater_log = true;
+    }
+
+    /// Turns standing for election on or off (off while the replica repairs damaged files).
+    pub fn set_may_stand(&self, may: bool) {
+        self.lock().may_stand = may;
+    }
+
+    /// Leader: whether every follower held and had applied the log through `applied` in
+    /// `term` at the last beat.
+    pub fn is_quiet(&self, term: u64, applied: LogId) -> bool {
+        self.lock().quiet == Some((term, applied))
+    }
+
+    /// Leader: sets (`Some`) or clears the quiet mark after a round of beats.
+    pub fn set_quiet(&self, mark: Option<(u64, LogId)>) {
+        self.lock().quiet = mark;
+    }
+}
+
+/// What the pulse does about a replica this round ([`Liveness::check`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    Idle,
+    /// Its election timeout passes at this instant (or passed): stand then, if nothing is
+    /// heard meanwhile.
+    Stand(Instant),
+    /// It leads `term`; `lapsed`: its lease lapsed since the last check.
+    Lead {
+        term: u64,
+        lapsed: bool,
+    },
+}
+
+/// When a replica stands if it hears nothing more; `None` when it does not stand at all.
+fn election_at(s: &State, id: NodeId, stagger: u64, timings: &Timings) -> Option<Instant> {
+    let standing = matches!(
+        s.role.state,
+        openraft::ServerState::Follower | openraft::ServerState::Candidate
+    );
+    if !s.may_stand || !standing || !s.role.voters.contains(&id) {
+        return None;
+    }
+    let quiet_since = match s.heard {
+        Some(h) if h.at > s.since => h.at,
+        _ => s.since,
+    };
+    let range = timings.election_max - timings.election_min;
+    let mut wait = timings.election_min;
+    match (s.role.committed, s.heard) {
+        // Its leader went quiet: every follower's timeout falls in its own slice of the range,
+        // in an order the group's replicas agree on, so they seldom stand together and split
+        // the vote (every group a dead broker led elects at once).
+        (true, Some(h)) => {
+            let mut followers: Vec<NodeId> = s
+                .role
+                .voters
+                .iter()
+                .copied()
+                .filter(|&v| v != h.leader)
+                .collect();
+            // The order changes with the term, so leadership does not always pass the same way.
+            let order = mix(stagger ^ mix(h.term));
+            followers.sort_by_key(|&v| mix(order ^ v));
+            let n = u32::try_from(followers.len().max(1)).unwrap_or(u32::MAX);
+            let rank = followers.iter().position(|&v| v == id).unwrap_or(0);
+            let slice = range / n;
+            wait += slice * u32::try_from(rank).unwrap_or(0) + slice.mul_f64(s.draw);
+            wait += timings.vote_lease();
+        }
+        (true, None) => wait += range.mul_f64(s.draw) + timings.vote_lease(),
+        (false, _) => wait += range.mul_f64(s.draw),
+    }
+    if s.greater_log {
+        wait += timings.election_max * 2;
+    }
+    Some(quiet_since + wait)
+}
+
+/// A 64-bit mixer (splitmix64's finalizer): orders followers by group.
+fn mix(mut x: u64) -> u64 {
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+fn lease_holds(
+    s: &State,
+    id: NodeId,
+    lease: Duration,
+    term: u64,
+    voters: &[NodeId],
+    now: Instant,
+) -> bool {
+    if voters.is_empty() {
+        return false;
+    }
+    let fresh = |peer: &NodeId| {
+        *peer == id
+            || (s.acks_term == term
+                && s.acks
+                    .get(peer)
+                    .is_some_and(|&sent| now.saturating_duration_since(sent) <= lease))
+    };
+    let granted = voters.iter().filter(|v| fresh(v)).count();
+    granted * 2 > voters.len()
+}
+
+fn draw() -> f64 {
+    ThreadRng.gen_range(0.0..1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn timings() -> Timings {
+        Timings::from_ms(100, 300, 600).expect("valid")
+    }
+
+    fn log(term: u64, index: u64) -> LogId {
+        LogId::new(openraft::CommittedLeaderId::new(term, 0), index)
+    }
+
+    #[test]
+    fn timings_are_checked_and_the_lease_leaves_a_margin() {
+        let t = timings();
+        assert_eq!(t.vote_lease(), Duration::from_millis(600));
+        assert_eq!(t.lease(), Duration::from_millis(450));
+        assert!(Timings::from_ms(0, 300, 600).is_err());
+        assert!(Timings::from_ms(100, 100, 600).is_err());
+        assert!(Timings::from_ms(100, 300, 300).is_err());
+        // 1.5 heartbeats of margin would leave less than a heartbeat of lease.
+        assert!(Timings::from_ms(100, 150, 240).is_err());
+        assert!(Timings::from_ms(100, 150, 250).is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_lease_needs_a_quorum_of_fresh_acknowledgements_of_its_term() {
+        let l = Liveness::new(1, timings(), 7);
+        let voters = [1, 2, 3];
+        let t0 = Instant::now();
+        assert!(!l.lease_holds(5, &voters, t0), "no acknowledgement yet");
+        l.acked(5, 2, t0);
+        assert!(l.lease_holds(5, &voters, t0));
+        assert!(
+            !l.lease_holds(6, &voters, t0),
+            "acknowledged in another term"
+        );
+        let lease = timings().lease();
+        assert!(l.lease_holds(5, &voters, t0 + lease));
+        assert!(!l.lease_holds(5, &voters, t0 + lease + Duration::from_millis(1)));
+        // An older acknowledgement arriving late moves nothing back.
+        l.acked(5, 2, t0 + Duration::from_millis(100));
+        l.acked(5, 2, t0);
+        assert!(l.lease_holds(5, &voters, t0 + lease + Duration::from_millis(100)));
+        // A later term starts over; an earlier one is ignored.
+        l.acked(6, 3, t0);
+        assert!(!l.lease_holds(5, &voters, t0));
+        l.acked(5, 2, t0 + Duration::from_millis(200));
+        assert!(l.lease_holds(6, &voters, t0));
+        assert_eq!(l.acked_at(6, 2), None);
+        // A group of one is its own quorum.
+        assert!(Liveness::new(1, timings(), 7).lease_holds(9, &[1], t0));
+        // Five voters need two peers besides this one.
+        let five = Liveness::new(1, timings(), 7);
+        five.acked(1, 2, t0);
+        assert!(!five.lease_holds(1, &[1, 2, 3, 4, 5], t0));
+        five.acked(1, 4, t0);
+        assert!(five.lease_holds(1, &[1, 2, 3, 4, 5], t0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_refuses_other_candidates_within_the_vote_lease() {
+        let l = Liveness::new(2, timings(), 7);
+        let t0 = Instant::now();
+        assert_eq!(l.refuses_vote(3, t0), None, "nothing heard");
+        l.heard(4, 1, t0);
+        assert!(l.refuses_vote(3, t0 + Duration::from_millis(600)).is_some());
+        assert_eq!(
+            l.refuses_vote(1, t0),
+            None,
+            "its own leader may stand again"
+        );
+        assert_eq!(l.refuses_vote(3, t0 + Duration::from_millis(601)), None);
+        // An older term's leader heard late does not replace the newer one.
+        l.heard(3, 3, t0 + Duration::from_millis(10));
+        assert_eq!(
+            l.heard_within(t0, Duration::from_secs(1)).map(|h| h.leader),
+            Some(1)
+        );
+    }
+
+    fn role(state: openraft::ServerState, term: u64, committed: bool) -> Role {
+        Role {
+            state,
+            term,
+            committed,
+            voters: Arc::from(vec![1, 2, 3]),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn elections_wait_the_vote_lease_and_a_fresh_draw() {
+        use openraft::ServerState::{Candidate, Follower, Leader};
+        let l = Liveness::new(2, timings(), 7);
+        l.set_role(role(Follower, 1, true));
+        let t0 = Instant::now();
+        let min = Duration::from_millis(300);
+        let max = Duration::from_millis(600);
+        assert!(
+            !l.election_due(t0 + max),
+            "a follower of a committed vote waits the vote lease too"
+        );
+        assert!(l.election_due(t0 + max + max));
+        l.heard(1, 1, t0 + max);
+        assert!(!l.election_due(t0 + max + max));
+        l.set_role(role(Candidate, 2, false));
+        l.stood(t0 + Duration::from_secs(10));
+        let at = t0 + Duration::from_secs(10);
+        assert!(!l.election_due(at + min - Duration::from_millis(1)));
+        assert!(l.election_due(at + max));
+        l.saw_greater_log();
+        assert!(
+            !l.election_due(at + max + max),
+            "a longer log elsewhere: stand later"
+        );
+        assert!(l.election_due(at + max * 3));
+        l.stood(at);
+        assert!(l.election_due(at + max), "the next try forgets it");
+        l.set_role(role(Leader, 2, true));
+        assert!(!l.election_due(at + max), "a leader does not stand");
+        l.set_role(Role {
+            voters: Arc::from(vec![1, 3, 4]),
+            ..role(Follower, 2, false)
+        });
+        assert!(
+            !l.election_due(at + max),
+            "nor does a replica that is no voter"
+        );
+        l.set_role(role(Follower, 2, false));
+        l.set_may_stand(false);
+        assert!(!l.election_due(at + Duration::from_secs(60)));
+    }
+
+    /// After their leader dies, the followers of one group stand in an order they agree on,
+    /// each in its own slice of the election range: never together, whatever they drew.
+    #[tokio::test(start_paused = true)]
+    async fn followers_of_a_dead_leader_stand_one_after_another() {
+        use openraft::ServerState::Follower;
+        let t0 = Instant::now();
+        let horizon = Duration::from_secs(5);
+        let mut first = BTreeMap::new();
+        for stagger in 0..64 {
+            let at: Vec<(Instant, NodeId)> = [2, 3]
+                .into_iter()
+                .map(|id| {
+                    let l = Liveness::new(id, timings(), stagger);
+                    l.set_role(role(Follower, 4, true));
+                    l.heard(4, 1, t0);
+                    match l.check(t0, horizon) {
+                        Check::Stand(at) => (at, id),
+                        other => panic!("{other:?}"),
+                    }
+                })
+                .collect();
+            let (early, late) = (at[0].0.min(at[1].0), at[0].0.max(at[1].0));
+            assert!(early >= t0 + Duration::from_millis(900), "{:?}", early - t0);
+            assert!(early < t0 + Duration::from_millis(1050), "{:?}", early - t0);
+            assert!(late >= t0 + Duration::from_millis(1050), "{:?}", late - t0);
+            assert!(late < t0 + Duration::from_millis(1200), "{:?}", late - t0);
+            *first.entry(at.iter().min().map(|a| a.1)).or_insert(0) += 1;
+        }
+        assert_eq!(
+            first.len(),
+            2,
+            "groups differ in who stands first: {first:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lapse_is_counted_once_per_loss_of_a_held_lease() {
+        let l = Liveness::new(1, timings(), 7);
+        let t0 = Instant::now();
+        let h = Duration::from_millis(150);
+        assert_eq!(l.check(t0, h), Check::Idle, "not a voter");
+        l.set_role(role(openraft::ServerState::Follower, 1, false));
+        assert_eq!(l.check(t0, h), Check::Idle, "an election timeout away");
+        assert!(matches!(l.check(t0, Duration::from_secs(1)), Check::Stand(at) if at > t0));
+        l.set_role(role(openraft::ServerState::Leader, 1, true));
+        let lead = |lapsed| Check::Lead { term: 1, lapsed };
+        assert_eq!(l.check(t0, h), lead(false), "never held: no lapse");
+        l.acked(1, 2, t0);
+        assert_eq!(l.check(t0, h), lead(false), "held");
+        let late = t0 + Duration::from_secs(1);
+        assert_eq!(l.check(late, h), lead(true), "lapsed");
+        assert_eq!(l.check(late, h), lead(false), "counted once");
+        assert_eq!(l.lapses(), 1);
+        assert!(!l.is_quiet(1, log(1, 1)));
+        l.set_quiet(Some((1, log(1, 1))));
+        assert!(l.is_quiet(1, log(1, 1)));
+        assert!(!l.is_quiet(1, log(1, 2)));
+    }
+}

@@ -1,0 +1,275 @@
+//! The pulse: one task per broker that keeps every replica it runs heard, elected and honest.
+//!
+//! openraft runs two timers per group: a leader's heartbeat to each follower every interval,
+//! and every replica's tick, on which a follower checks its election timeout. Each is cheap,
+//! but a broker with thousands of groups pays them thousands of times over, every interval,
+//! while nothing happens (Redpanda's heartbeat manager exists for the same reason). A pulsed
+//! replica ([`crate::partition::pulsed_config`]) runs neither; this task does, for all of a
+//! broker's replicas at once:
+//!
+//! * **Beats.** Every round (1.5 heartbeats, openraft's own heartbeat period) each leader's
+//!   group goes into one beat message per peer: the group, the term, and the log id of its
+//!   whole applied log (if everything is applied). A follower answers every item in one reply
+//!   ([`crate::ReplicatedPartition::serve_beat`]): accepted (it follows this leader in this
+//!   term: the leader was heard, and the answer counts toward its lease) and caught up (it
+//!   holds and has applied that log). A group whose followers were all caught up at the last
+//!   round and whose log has not moved since is *quiet*: it sends nothing else. Any other
+//!   group also gets an openraft heartbeat (an empty AppendEntries), which carries the commit
+//!   index and repairs a follower that fell behind. So an idle broker sends a message or two
+//!   per peer per round, whatever its number of partitions.
+//! * **Elections.** Every round, each follower or candidate whose election timeout passed on
+//!   [`Liveness`]'s clock stands ([`crate::partition::PulseDue::Stand`]): openraft checked its
+//!   own on its tick, which is the same period.
+//! * **Lease lapses.** Every round, each leader's lease is looked at, and a lapse counted.
+//!
+//! A round costs a lock or two per replica and a message per peer: at 3,000 partitions on
+//! three brokers, about 10 ms of CPU a second per broker (`kiln-bench partitions`).
+//!
+//! The transport of beats is a [`PulseNetwork`]: the broker's connection per peer
+//! (`net::Mesh`) in production, the simulated network in the simulation. Each beat is bounded
+//! by [`BEAT_ITEMS_MAX`] items and waits at most a lease for its answer; a peer whose last
+//! beat is still unanswered is skipped, so a dead peer holds no more than one beat.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tokio::time::{Instant, MissedTickBehavior};
+
+use crate::liveness::Timings;
+use crate::partition::{PulseDue, ReplicatedPartition};
+use crate::types::{LogId, NodeId};
+
+/// Items in one beat message: a peer that shares more groups with this broker gets several.
+/// Each item is a group name (at most 256 bytes, `net/codec.rs`) and 25 bytes more, so a beat
+/// stays well inside the 1 MiB control frame.
+pub const BEAT_ITEMS_MAX: usize = 2048;
+
+/// One group's part of a beat: its leader says it leads `term` and has applied its whole log
+/// through `applied` (`None` while anything is unapplied).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BeatItem {
+    pub group: Arc<str>,
+    pub term: u64,
+    pub applied: Option<LogId>,
+}
+
+/// A follower's answer to one [`BeatItem`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BeatAnswer {
+    /// It follows the sender in the item's term (its vote committed): the sender was heard.
+    pub accepted: bool,
+    /// It also holds and has applied the sender's whole log.
+    pub caught_up: bool,
+}
+
+/// What a beat resolves to: the answers in the order of the items.
+pub type BeatFuture = Pin<Box<dyn Future<Output = Result<Vec<BeatAnswer>, String>> + Send>>;
+
+/// How beats travel between brokers.
+pub trait PulseNetwork: Send + Sync + 'static {
+    /// Sends `items` from broker `from` to broker `peer` as one message, and resolves to the
+    /// answers by `deadline`.
+    fn beat(
+        &self,
+        from: NodeId,
+        peer: NodeId,
+        items: Vec<BeatItem>,
+        deadline: Instant,
+    ) -> BeatFuture;
+}
+
+/// The replicas a broker runs.
+pub trait PulseGroups: Send + Sync + 'static {
+    /// Calls `f` with every replica this broker runs now and its group name.
+    fn each(&self, f: &mut dyn FnMut(&str, &ReplicatedPartition));
+}
+
+/// Runs the pulse of broker `node` until the task is aborted.
+pub async fn run(
+    node: NodeId,
+    timings: Timings,
+    groups: Arc<dyn PulseGroups>,
+    network: Arc<dyn PulseNetwork>,
+) {
+    let round = timings.heartbeat * 3 / 2;
+    assert!(!round.is_zero(), "the heartbeat is checked at load");
+    let mut ticker = tokio::time::interval(round);
+    // A round that ran late (a busy runtime) is not made up with a burst.
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // Peers whose last beat is still unanswered.
+    let busy: Arc<Mutex<BTreeSet<NodeId>>> = Arc::default();
+    loop {
+        ticker.tick().await;
+        let now = Instant::now();
+        let mut stand = Vec::new();
+        let mut leading = Vec::new();
+        groups.each(&mut |name, replica| match replica.pulse_due(now, round) {
+            PulseDue::Idle => {}
+            PulseDue::Stand(at) => stand.push((at, replica.clone())),
+            PulseDue::Stuck { term, lapsed } => {
+                if lapsed {
+                    self::lapsed(name, term, &timings);
+                }
+            }
+            PulseDue::Lead {
+                term,
+                applied,
+                followers,
+                quiet,
+                lapsed,
+            } => {
+                if lapsed {
+                    self::lapsed(name, term, &timings);
+                }
+                let item = BeatItem {
+                    group: Arc::from(name),
+                    term,
+                    applied,
+                };
+                leading.push(Led {
+                    replica: replica.clone(),
+                    item,
+                    followers,
+                    quiet,
+                });
+            }
+        });
+        // Each at its own moment, not at the round's: candidates that stood together at every
+        // round boundary would split their votes half the time.
+        for (at, replica) in stand {
+            tokio::spawn(async move {
+                tokio::time::sleep_until(at).await;
+                let now = Instant::now();
+                // Something may have been heard meanwhile.
+                if replica.liveness().election_due(now) {
+                    replica.liveness().stood(now);
+                    // Fire and forget: openraft only queues the command.
+                    let _ = replica.raft().trigger().elect().await;
+                }
+            });
+        }
+        if !leading.is_empty() {
+            tokio::spawn(beat_round(
+                node,
+                leading,
+                network.clone(),
+                busy.clone(),
+                timings.lease(),
+            ));
+        }
+    }
+}
+
+fn lapsed(group: &str, term: u64, timings: &Timings) {
+    tracing::warn!(
+        group,
+        term,
+        lease_ms = timings.lease().as_millis(),
+        "leader lease lapsed: not serving until a quorum acknowledges this leader again"
+    );
+}
+
+fn lock(busy: &Mutex<BTreeSet<NodeId>>) -> MutexGuard<'_, BTreeSet<NodeId>> {
+    // Single inserts and removes: a panic elsewhere leaves the set whole.
+    busy.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A group this broker leads, in one round.
+struct Led {
+    replica: ReplicatedPartition,
+    item: BeatItem,
+    followers: Vec<NodeId>,
+    quiet: bool,
+}
+
+/// One round of beats: an openraft heartbeat for every group that is not quiet, one beat
+/// per peer (in pieces of [`BEAT_ITEMS_MAX`]) for all, then what the answers say: the
+/// followers that accepted count toward each leader's lease, and a group whose followers
+/// all caught up is quiet until its log moves.
+async fn beat_round(
+    node: NodeId,
+    leading: Vec<Led>,
+    network: Arc<dyn PulseNetwork>,
+    busy: Arc<Mutex<BTreeSet<NodeId>>>,
+    lease: Duration,
+) {
+    let sent = Instant::now();
+    for led in leading.iter().filter(|l| !l.quiet) {
+        // Fire and forget: openraft only queues the command.
+        let _ = led.replica.raft().trigger().heartbeat().await;
+    }
+    // Per peer, the indexes into `leading` of the groups it follows.
+    let mut by_peer: BTreeMap<NodeId, Vec<usize>> = BTreeMap::new();
+    for (i, led) in leading.iter().enumerate() {
+        for &peer in &led.followers {
+            by_peer.entry(peer).or_default().push(i);
+        }
+    }
+    let deadline = sent + lease;
+    let beats = by_peer.iter().map(|(&peer, indexes)| {
+        let network = network.clone();
+        let busy = busy.clone();
+        let items: Vec<Vec<BeatItem>> = indexes
+            .chunks(BEAT_ITEMS_MAX)
+            .map(|chunk| chunk.iter().map(|&i| leading[i].item.clone()).collect())
+            .collect();
+        async move {
+            if !lock(&busy).insert(peer) {
+                // Its last beat is still unanswered: one at a time per peer.
+                return (peer, None);
+            }
+            let mut answers = Vec::new();
+            for piece in items {
+                let want = piece.len();
+                match network.beat(node, peer, piece, deadline).await {
+                    Ok(a) if a.len() == want => answers.extend(a),
+                    Ok(a) => {
+                        tracing::warn!(
+                            peer,
+                            want,
+                            got = a.len(),
+                            "a beat's answer does not match its items"
+                        );
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::debug!(peer, error = %e, "beat not answered");
+                        break;
+                    }
+                }
+            }
+            lock(&busy).remove(&peer);
+            (peer, Some(answers))
+        }
+    });
+    let answered = join_all(beats).await;
+    // Per group, how many followers answered caught up.
+    let mut caught_up = vec![0usize; leading.len()];
+    for (peer, answers) in answered {
+        let Some(answers) = answers else { continue };
+        let Some(indexes) = by_peer.get(&peer) else {
+            unreachable!("answers come only from peers beaten");
+        };
+        for (&i, answer) in indexes.iter().zip(answers) {
+            let led = &leading[i];
+            if answer.accepted {
+                led.replica.liveness().acked(led.item.term, peer, sent);
+            }
+            if answer.accepted && answer.caught_up {
+                caught_up[i] += 1;
+            }
+        }
+    }
+    for (led, n) in leading.iter().zip(caught_up) {
+        let quiet = led
+            .item
+            .applied
+            .filter(|_| n == led.followers.len())
+            .map(|applied| (led.item.term, applied));
+        led.replica.liveness().set_quiet(quiet);
+    }
+}
