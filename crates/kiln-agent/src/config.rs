@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 use crate::access::{RedfishSettings, SshSettings};
 use crate::decide::{FailFastSettings, RemediationSettings};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `Debug` shows `database_url` without its password, and `[kafka]` without its secrets.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentConfig {
     /// Kafka bootstrap servers.
@@ -62,6 +63,60 @@ pub struct AgentConfig {
     /// Commands run on the node before the next attempt for `reset_gpu` / `reboot` findings
     /// (none by default).
     pub remediation: RemediationSettings,
+}
+
+impl std::fmt::Debug for AgentConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Every field named, so a new one cannot slip past this without a decision here.
+        let AgentConfig {
+            bootstrap,
+            database_url,
+            agent_id,
+            playbook,
+            playbooks,
+            ssh,
+            redfish,
+            group,
+            topic,
+            dlq_topic,
+            max_in_flight_per_partition,
+            retry_backoff_ms,
+            retry_backoff_max_ms,
+            max_attempts,
+            step_timeout_ms,
+            run_grace_ms,
+            session_timeout_ms,
+            kafka,
+            kafka_password_file,
+            metrics_listen,
+            fail_fast,
+            remediation,
+        } = self;
+        f.debug_struct("AgentConfig")
+            .field("bootstrap", bootstrap)
+            .field("database_url", &kiln_store::redact_url(database_url))
+            .field("agent_id", agent_id)
+            .field("playbook", playbook)
+            .field("playbooks", playbooks)
+            .field("ssh", ssh)
+            .field("redfish", redfish)
+            .field("group", group)
+            .field("topic", topic)
+            .field("dlq_topic", dlq_topic)
+            .field("max_in_flight_per_partition", max_in_flight_per_partition)
+            .field("retry_backoff_ms", retry_backoff_ms)
+            .field("retry_backoff_max_ms", retry_backoff_max_ms)
+            .field("max_attempts", max_attempts)
+            .field("step_timeout_ms", step_timeout_ms)
+            .field("run_grace_ms", run_grace_ms)
+            .field("session_timeout_ms", session_timeout_ms)
+            .field("kafka", kafka)
+            .field("kafka_password_file", kafka_password_file)
+            .field("metrics_listen", metrics_listen)
+            .field("fail_fast", fail_fast)
+            .field("remediation", remediation)
+            .finish()
+    }
 }
 
 impl Default for AgentConfig {
@@ -162,6 +217,21 @@ impl AgentConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_leaves_every_password_out() {
+        let mut c = AgentConfig {
+            database_url: "postgres://kiln:hunter2-db@db/kiln".into(),
+            ..AgentConfig::default()
+        };
+        c.kafka
+            .0
+            .insert("sasl.password".into(), "hunter2-kafka".into());
+        c.redfish.password = Some("hunter2-bmc".into());
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("postgres://kiln:***@db/kiln"), "{shown}");
+    }
 
     #[test]
     fn loads_toml_and_validates() {

@@ -47,13 +47,44 @@ impl BrokerProcess {
     /// Starts `kiln broker` and waits until it accepts connections.
     pub fn start(kiln: &Path) -> anyhow::Result<BrokerProcess> {
         let dir = tempfile::tempdir().context("scratch directory for the broker")?;
-        let port = free_port()?;
-        let addr = format!("127.0.0.1:{port}");
+        let addr = format!("127.0.0.1:{}", free_port()?);
+        let mut command = Command::new(kiln);
+        command
+            .args(["broker", "--listen", &addr, "--node-id", "0", "--data-dir"])
+            .arg(dir.path().join("data"));
+        Self::spawn(command, dir, addr)
+    }
+
+    /// Starts `kiln broker --config FILE`, the file holding its address, node id 0, data
+    /// directory and no metrics listener, then `sections` (TOML tables such as `[tls]`,
+    /// `[sasl]`, `[authorization]`), and waits until it accepts connections.
+    pub fn start_with_config(kiln: &Path, sections: &str) -> anyhow::Result<BrokerProcess> {
+        let dir = tempfile::tempdir().context("scratch directory for the broker")?;
+        let addr = format!("127.0.0.1:{}", free_port()?);
+        let config = dir.path().join("broker.toml");
+        let data_dir = dir.path().join("data");
+        if data_dir.display().to_string().contains(['"', '\\']) {
+            bail!("{} cannot be a TOML basic string", data_dir.display());
+        }
+        let text = format!(
+            "node_id = 0\nlisten = \"{addr}\"\ndata_dir = \"{}\"\nmetrics_listen = \"off\"\n\n{sections}",
+            data_dir.display()
+        );
+        std::fs::write(&config, text).context("broker config file")?;
+        let mut command = Command::new(kiln);
+        command.arg("broker").arg("--config").arg(&config);
+        Self::spawn(command, dir, addr)
+    }
+
+    fn spawn(
+        mut command: Command,
+        dir: tempfile::TempDir,
+        addr: String,
+    ) -> anyhow::Result<BrokerProcess> {
         let log_path = dir.path().join("broker.log");
         let log = std::fs::File::create(&log_path).context("broker log file")?;
-        let child = Command::new(kiln)
-            .args(["broker", "--listen", &addr, "--node-id", "0", "--data-dir"])
-            .arg(dir.path().join("data"))
+        let kiln = PathBuf::from(command.get_program());
+        let child = command
             .env_remove("KILN_CONFIG")
             .stdin(Stdio::null())
             .stdout(log.try_clone().context("broker log file")?)
@@ -88,12 +119,18 @@ impl BrokerProcess {
         }
     }
 
-    /// The last 8 KiB of the broker's log, for failure messages.
-    pub fn log_tail(&self) -> String {
+    /// The broker's whole log so far (empty if it cannot be read).
+    pub fn log_text(&self) -> String {
         let mut text = String::new();
         if let Ok(mut f) = std::fs::File::open(&self.log_path) {
             let _ = f.read_to_string(&mut text);
         }
+        text
+    }
+
+    /// The last 8 KiB of the broker's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = self.log_text();
         let start = text.len().saturating_sub(8192);
         let start = (start..text.len())
             .find(|i| text.is_char_boundary(*i))

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 pub use rdkafka;
 
 mod settings;
-pub use settings::{KafkaSettings, SASL_PASSWORD};
+pub use settings::{is_secret as is_secret_setting, KafkaSettings, SASL_PASSWORD};
 
 /// The topic intake produces to and agents consume.
 pub const NODES_TOPIC: &str = "kiln.nodes";
@@ -135,7 +135,8 @@ pub enum QueueError {
 
 /// Producer settings. `extra` entries are passed to librdkafka as they are (after the
 /// defaults, so they override them), e.g. `security.protocol=sasl_plaintext` for a real cluster.
-#[derive(Debug, Clone)]
+/// `Debug` hides every secret among them (`sasl.password`, `ssl.key.password`, ...).
+#[derive(Clone)]
 pub struct ProducerConfig {
     pub bootstrap: String,
     pub topic: String,
@@ -143,6 +144,23 @@ pub struct ProducerConfig {
     pub message_timeout_ms: u32,
     pub client_id: String,
     pub extra: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for ProducerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let extra: Vec<(&str, &str)> = self
+            .extra
+            .iter()
+            .map(|(k, v)| (k.as_str(), settings::shown_value(k, v)))
+            .collect();
+        f.debug_struct("ProducerConfig")
+            .field("bootstrap", &self.bootstrap)
+            .field("topic", &self.topic)
+            .field("message_timeout_ms", &self.message_timeout_ms)
+            .field("client_id", &self.client_id)
+            .field("extra", &extra)
+            .finish()
+    }
 }
 
 impl ProducerConfig {
@@ -351,12 +369,34 @@ pub async fn create_topic(
     partitions: i32,
     replication: i32,
 ) -> Result<(), QueueError> {
+    create_topic_with(
+        bootstrap,
+        topic,
+        partitions,
+        replication,
+        &KafkaSettings::default(),
+    )
+    .await
+}
+
+/// [`create_topic`] with extra librdkafka settings, for a listener with TLS or SASL
+/// (`security.protocol`, `sasl.username`, ...).
+pub async fn create_topic_with(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    replication: i32,
+    settings: &KafkaSettings,
+) -> Result<(), QueueError> {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     use rdkafka::client::DefaultClientContext;
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .map_err(|e| QueueError::Config(e.to_string()))?;
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", bootstrap);
+    for (k, v) in settings {
+        cc.set(k, v);
+    }
+    let admin: AdminClient<DefaultClientContext> =
+        cc.create().map_err(|e| QueueError::Config(e.to_string()))?;
     let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
     let opts = AdminOptions::new().operation_timeout(Some(METADATA_TIMEOUT));
     let results =
@@ -454,6 +494,23 @@ mod tests {
             NodeMessage::decode(&bytes),
             Err(DecodeError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn producer_config_debug_hides_secrets() {
+        let mut config = ProducerConfig::new("127.0.0.1:9092");
+        config.extra = extra(&[
+            ("security.protocol", "SASL_SSL"),
+            ("sasl.password", "pw-in-extra-1"),
+            ("SSL.Key.Password", "pw-in-extra-2"),
+            ("ssl.key.pem", "-----BEGIN PRIVATE KEY-----pw-in-extra-3"),
+        ]);
+        let shown = format!("{config:?}");
+        assert!(
+            shown.contains("SASL_SSL") && shown.contains("<hidden>"),
+            "{shown}"
+        );
+        assert!(!shown.contains("pw-in-extra"), "{shown}");
     }
 
     fn extra(pairs: &[(&str, &str)]) -> Vec<(String, String)> {

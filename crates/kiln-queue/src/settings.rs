@@ -17,19 +17,30 @@ pub const SASL_PASSWORD: &str = "sasl.password";
 pub struct KafkaSettings(pub BTreeMap<String, String>);
 
 /// Whether librdkafka treats the setting as a secret (`sasl.password`, `ssl.key.password`,
-/// `ssl.keystore.password`, `sasl.oauthbearer.client.secret`, ...).
-fn is_secret(key: &str) -> bool {
-    key.contains("password") || key.contains("secret")
+/// `ssl.keystore.password`, `sasl.oauthbearer.client.secret`, ...), or it holds one: a private
+/// key in PEM (`ssl.key.pem`) or OAUTHBEARER's unsecured token settings
+/// (`sasl.oauthbearer.config`).
+pub fn is_secret(key: &str) -> bool {
+    let key = key.trim().to_ascii_lowercase();
+    key.contains("password")
+        || key.contains("secret")
+        || key == "ssl.key.pem"
+        || key == "sasl.oauthbearer.config"
+}
+
+/// What `Debug` shows of a setting's value: `<hidden>` for a secret.
+pub(crate) fn shown_value<'a>(key: &str, value: &'a str) -> &'a str {
+    if is_secret(key) {
+        "<hidden>"
+    } else {
+        value
+    }
 }
 
 impl std::fmt::Debug for KafkaSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_map()
-            .entries(
-                self.0
-                    .iter()
-                    .map(|(k, v)| (k, if is_secret(k) { "<hidden>" } else { v.as_str() })),
-            )
+            .entries(self.0.iter().map(|(k, v)| (k, shown_value(k, v))))
             .finish()
     }
 }

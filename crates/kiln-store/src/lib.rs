@@ -381,16 +381,42 @@ macro_rules! begin_write {
 pub mod dashboard;
 pub mod triage;
 
-/// Hides the password in a database URL for messages.
+/// Hides the passwords in a database URL for messages: the one in its user info
+/// (`postgres://kiln:***@db/kiln`) and any `password=` or `sslpassword=` query parameter.
 pub fn redact_url(url: &str) -> String {
-    if let Some((scheme, rest)) = url.split_once("://") {
-        if let Some((userinfo, host)) = rest.rsplit_once('@') {
-            if let Some((user, _password)) = userinfo.split_once(':') {
-                return format!("{scheme}://{user}:***@{host}");
-            }
-        }
+    // The user info ends at the last `@` before the query: a password may hold `/` unescaped,
+    // a query value `@`.
+    let (head, query) = match url.split_once('?') {
+        Some((head, query)) => (head, Some(query)),
+        None => (url, None),
+    };
+    let mut shown = match head.split_once("://") {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((userinfo, host)) => match userinfo.split_once(':') {
+                Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
+                None => head.to_string(),
+            },
+            None => head.to_string(),
+        },
+        None => head.to_string(),
+    };
+    if let Some(query) = query {
+        let params: Vec<String> = query
+            .split('&')
+            .map(|param| match param.split_once('=') {
+                Some((key, _))
+                    if key.eq_ignore_ascii_case("password")
+                        || key.eq_ignore_ascii_case("sslpassword") =>
+                {
+                    format!("{key}=***")
+                }
+                _ => param.to_string(),
+            })
+            .collect();
+        shown.push('?');
+        shown.push_str(&params.join("&"));
     }
-    url.to_string()
+    shown
 }
 
 fn u32_of(v: i64, what: &str) -> Result<u32> {
@@ -1070,6 +1096,18 @@ mod tests {
             "postgres://kiln@db/kiln"
         );
         assert_eq!(redact_url("sqlite://kiln.db"), "sqlite://kiln.db");
+        assert_eq!(
+            redact_url("postgres://kiln:a/b@c@db/kiln"),
+            "postgres://kiln:***@db/kiln"
+        );
+        assert_eq!(
+            redact_url("postgres://db/kiln?user=kiln&password=s3cret&sslmode=verify-full"),
+            "postgres://db/kiln?user=kiln&password=***&sslmode=verify-full"
+        );
+        assert_eq!(
+            redact_url("postgres://kiln:s3cret@db/kiln?sslrootcert=/etc/a@b/ca.crt&SSLPASSWORD=k"),
+            "postgres://kiln:***@db/kiln?sslrootcert=/etc/a@b/ca.crt&SSLPASSWORD=***"
+        );
     }
 
     #[test]

@@ -224,6 +224,20 @@ async fn create(
     acl: &AclFlags,
 ) -> anyhow::Result<()> {
     let bindings = acl.bindings()?;
+    create_bindings(conn, timeout, &bindings).await?;
+    for b in &bindings {
+        println!("created: {b}");
+    }
+    Ok(())
+}
+
+/// Creates `bindings` with one CreateAcls request; the first refusal is the error, naming its
+/// binding.
+pub async fn create_bindings(
+    conn: &mut Connection,
+    timeout: std::time::Duration,
+    bindings: &[kiln_acl::Binding],
+) -> anyhow::Result<()> {
     let creations = bindings
         .iter()
         .map(|b| {
@@ -242,6 +256,13 @@ async fn create(
     else {
         bail!("unexpected answer to CreateAcls");
     };
+    if r.results.len() != bindings.len() {
+        bail!(
+            "CreateAcls answered {} results for {} bindings",
+            r.results.len(),
+            bindings.len()
+        );
+    }
     for (b, result) in bindings.iter().zip(&r.results) {
         if result.error_code != 0 {
             bail!(
@@ -249,7 +270,6 @@ async fn create(
                 error_text(result.error_code, result.error_message.as_ref())
             );
         }
-        println!("created: {b}");
     }
     Ok(())
 }

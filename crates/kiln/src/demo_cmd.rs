@@ -3,6 +3,8 @@
 //! dead-letter service (its email written to a file) and the dashboard, all on loopback
 //! in a fresh work directory. It shows live progress per rack and ends with a summary of
 //! what passed, what was dead-lettered and why, next to the faults that were injected.
+//! Plaintext by default; `--secure` runs the same job with security on every listener
+//! (`demo_security`).
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
@@ -26,6 +28,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::broker_cmd::BrokerArgs;
+use crate::demo_security::{DemoSecurity, Resources, ADMIN};
 use crate::status_cmd::{self, Style};
 
 #[derive(Args, Debug)]
@@ -56,6 +59,12 @@ pub struct DemoArgs {
     /// Keep the broker and the dashboard running after the summary, until Ctrl-C.
     #[arg(long)]
     stay: bool,
+    /// Security on: a throwaway CA and certificates, the broker's listener SASL_SSL
+    /// (SCRAM-SHA-512) with ACLs, each service logging in as its own user with only its
+    /// role's ACLs, the dashboard over HTTPS behind a token. Passwords and the token are
+    /// written to files under DIR/secrets, never printed.
+    #[arg(long)]
+    secure: bool,
 }
 
 /// Faults of the default demo, by node index: one of each permanent kind (dead-lettered after
@@ -104,6 +113,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 
 /// Everything the demo started, to be stopped in reverse order.
 struct Demo {
+    /// `--secure`'s certificates and secrets.
+    security: Option<DemoSecurity>,
+    bootstrap: String,
     broker: JoinHandle<anyhow::Result<()>>,
     broker_stop: watch::Sender<bool>,
     fleet: Option<Fleet>,
@@ -111,7 +123,8 @@ struct Demo {
     agents: Vec<JoinHandle<anyhow::Result<()>>>,
     triage: JoinHandle<()>,
     dashboard: JoinHandle<anyhow::Result<()>>,
-    dashboard_addr: SocketAddr,
+    /// `http://` or `https://`, the address and `/`.
+    dashboard_url: String,
     deadletter: DeadletterConfig,
     mail_dir: PathBuf,
     nodes: usize,
@@ -123,6 +136,24 @@ impl Demo {
         dir: &Path,
         stop: watch::Receiver<bool>,
     ) -> anyhow::Result<Demo> {
+        let security = if args.secure {
+            let security = DemoSecurity::create(dir)?;
+            println!(
+                "  security      SASL_SSL (SCRAM-SHA-512) and ACLs, one user per service; CA, certificates, passwords and the dashboard token in {}",
+                security.secrets_dir().display()
+            );
+            Some(security)
+        } else {
+            None
+        };
+        // Each service's librdkafka settings: its own user's login with --secure.
+        let kafka_as = |user: &str| -> anyhow::Result<kiln_queue::KafkaSettings> {
+            match &security {
+                Some(s) => s.librdkafka(user),
+                None => Ok(kiln_queue::KafkaSettings::default()),
+            }
+        };
+
         // The broker: in this process, on a free loopback port.
         let mut broker_config = crate::settings::broker_config(&BrokerArgs {
             listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
@@ -130,6 +161,9 @@ impl Demo {
             ..BrokerArgs::default()
         })?;
         broker_config.metrics_listen = "127.0.0.1:0".into();
+        if let Some(s) = &security {
+            s.secure_broker(&mut broker_config);
+        }
         let bound = kiln_broker::Broker::bind(broker_config).await?;
         let bootstrap = bound.local_addr()?.to_string();
         let metrics = bound.metrics_addr();
@@ -137,10 +171,30 @@ impl Demo {
         // LeaveGroup and last commits are answered.
         let (broker_stop, broker_stop_rx) = watch::channel(false);
         let broker = tokio::spawn(bound.run(stopped(broker_stop_rx)));
+        let agent_defaults = AgentConfig::default();
+        let triage_defaults = DeadletterConfig::default();
+        if let Some(s) = &security {
+            let resources = Resources {
+                nodes_topic: NODES_TOPIC,
+                dlq_topic: &agent_defaults.dlq_topic,
+                agents_group: &agent_defaults.group,
+                triage_group: &triage_defaults.group,
+            };
+            s.create_users_and_acls(&bootstrap, &resources).await?;
+        }
         let partitions = i32::try_from(args.racks.clamp(1, 8)).unwrap_or(1);
-        kiln_queue::create_topic(&bootstrap, NODES_TOPIC, partitions, 1).await?;
-        kiln_queue::create_topic(&bootstrap, &format!("{NODES_TOPIC}.dlq"), 1, 1).await?;
-        println!("  broker        {bootstrap} (metrics: {})", show(metrics));
+        let admin = kafka_as(ADMIN)?;
+        kiln_queue::create_topic_with(&bootstrap, NODES_TOPIC, partitions, 1, &admin).await?;
+        kiln_queue::create_topic_with(&bootstrap, &agent_defaults.dlq_topic, 1, 1, &admin).await?;
+        let protocol = if security.is_some() {
+            "SASL_SSL"
+        } else {
+            "PLAINTEXT"
+        };
+        println!(
+            "  broker        {bootstrap} ({protocol}; metrics: {})",
+            show(metrics)
+        );
 
         let fleet = Fleet::start(fleet_spec(args, dir)?).await?;
         let injected = fleet.faults().iter().filter(|(_, f)| !f.is_empty()).count();
@@ -166,13 +220,25 @@ impl Demo {
             }
         };
         let dashboard_addr = listener.local_addr()?;
+        let mut dashboard_config = kiln_dashboard::DashboardConfig::new(Some(bootstrap.clone()));
+        if let Some(s) = &security {
+            dashboard_config.kafka = s.client("dashboard")?;
+            dashboard_config.web = s.dashboard_web()?;
+        }
+        let dashboard_url = format!("{}://{dashboard_addr}/", dashboard_config.web.scheme());
         let dashboard = tokio::spawn(kiln_dashboard::serve(
             listener,
             store.clone(),
-            kiln_dashboard::DashboardConfig::new(Some(bootstrap.clone())),
+            dashboard_config,
             stopped(stop.clone()),
         ));
-        println!("  dashboard     http://{dashboard_addr}/");
+        match &security {
+            Some(s) => println!(
+                "  dashboard     {dashboard_url} (any user name; the password is the token in {})",
+                s.token_file().display()
+            ),
+            None => println!("  dashboard     {dashboard_url}"),
+        }
 
         let mail_dir = dir.join("mail");
         let deadletter = DeadletterConfig {
@@ -188,7 +254,8 @@ impl Demo {
                 to: vec!["hardware-team@localhost".into()],
                 ..Default::default()
             },
-            ..DeadletterConfig::default()
+            kafka: kafka_as("deadletter")?,
+            ..triage_defaults
         };
         deadletter.validate()?;
         let triage = {
@@ -217,7 +284,8 @@ impl Demo {
                 retry_backoff_max_ms: DEMO_RETRY_BACKOFF_MAX_MS,
                 session_timeout_ms: 6_000,
                 metrics_listen: "off".into(),
-                ..AgentConfig::default()
+                kafka: kafka_as("agent")?,
+                ..agent_defaults.clone()
             });
             agents.push(tokio::spawn(kiln_agent::run_agent(
                 config,
@@ -230,7 +298,9 @@ impl Demo {
             nodes: fleet.manifest(),
         };
         let nodes = manifest.nodes.len();
-        let producer = NodeProducer::new(ProducerConfig::new(bootstrap.clone()))?;
+        let mut producer_config = ProducerConfig::new(bootstrap.clone());
+        producer_config.extra = kafka_as("intake")?.0.into_iter().collect();
+        let producer = NodeProducer::new(producer_config)?;
         let intake = Intake::new(store.clone(), producer);
         let registration = intake.register(&manifest, &NoProgress).await?;
         if !registration.failed.is_empty() {
@@ -245,6 +315,8 @@ impl Demo {
             registration.racks.len()
         );
         Ok(Demo {
+            security,
+            bootstrap,
             broker,
             broker_stop,
             fleet: Some(fleet),
@@ -252,7 +324,7 @@ impl Demo {
             agents,
             triage,
             dashboard,
-            dashboard_addr,
+            dashboard_url,
             deadletter,
             mail_dir,
             nodes,
@@ -335,9 +407,17 @@ impl Demo {
         print_summary(&racks, self, started.elapsed(), &sent, dead).await?;
         if stay {
             println!(
-                "\nThe broker and the dashboard (http://{}/) keep running; Ctrl-C to stop.",
-                self.dashboard_addr
+                "\nThe broker and the dashboard ({}) keep running; Ctrl-C to stop.",
+                self.dashboard_url
             );
+            if let Some(s) = &self.security {
+                println!(
+                    "Kiln's tools reach the broker as its admin with: --bootstrap {} --tls-ca {} --sasl-user {ADMIN} --sasl-password-file {}",
+                    self.bootstrap,
+                    s.ca_file().display(),
+                    s.password_file(ADMIN).display()
+                );
+            }
             let _ = tokio::signal::ctrl_c().await;
         }
         Ok(())
@@ -455,7 +535,7 @@ async fn print_summary(
         SendOutcome::Empty { .. } => println!("\nNo node was dead-lettered: no report to send."),
         other => println!("\nDead-letter report not written: {other:?}"),
     }
-    println!("Dashboard: http://{}/", demo.dashboard_addr);
+    println!("Dashboard: {}", demo.dashboard_url);
     println!(
         "A node's history: kiln nodes show HOST --database-url {}",
         demo.deadletter.database_url

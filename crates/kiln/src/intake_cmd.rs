@@ -23,7 +23,8 @@ pub struct IntakeArgs {
     /// Topic nodes are queued on.
     #[arg(long, global = true, default_value = kiln_queue::NODES_TOPIC)]
     topic: String,
-    /// Extra librdkafka producer setting (repeatable), e.g. linger.ms=20 or sasl.username=U.
+    /// Extra librdkafka producer setting (repeatable), e.g. linger.ms=20 or sasl.username=U;
+    /// secrets (sasl.password, ...) only in --kafka-config-file.
     #[arg(long = "kafka-config", global = true, value_name = "KEY=VALUE")]
     kafka_config: Vec<String>,
     /// File of librdkafka producer settings, one KEY=VALUE per line (`#` starts a comment),
@@ -79,10 +80,21 @@ async fn connect(args: &IntakeArgs) -> anyhow::Result<Intake> {
     if let Some(file) = &args.kafka_config_file {
         config.extra.extend(read_kafka_config_file(file)?);
     }
-    for kv in &args.kafka_config {
+    for (i, kv) in args.kafka_config.iter().enumerate() {
         let Some((k, v)) = kv.split_once('=') else {
-            bail!("--kafka-config {kv:?}: expected KEY=VALUE");
+            // Its text is not shown: a mistyped `sasl.password:...` would be a password.
+            bail!(
+                "--kafka-config number {} has no '=': expected KEY=VALUE",
+                i + 1
+            );
         };
+        // A flag shows in `ps` and shell history: secrets come from the file only.
+        if kiln_queue::is_secret_setting(k) {
+            bail!(
+                "--kafka-config {}: a secret is not taken from the command line; put it in --kafka-config-file",
+                k.trim()
+            );
+        }
         config
             .extra
             .push((k.trim().to_string(), v.trim().to_string()));

@@ -8,6 +8,7 @@ mod certs_cmd;
 mod dashboard_cmd;
 mod deadletter_cmd;
 mod demo_cmd;
+mod demo_security;
 mod groups_cmd;
 mod intake_cmd;
 mod nodes_cmd;

@@ -2,16 +2,27 @@
 
 use clap::Args;
 
-#[derive(Args, Debug)]
+/// `Debug` shows the URL without its password.
+#[derive(Args)]
 pub struct StoreArgs {
     /// Results store: sqlite://PATH (embedded, a file) or postgres://USER[:PASSWORD]@HOST:PORT/DB.
+    // The URL may hold a password: --help names the variable but never shows its value.
     #[arg(
         long,
         global = true,
         env = "KILN_DATABASE_URL",
+        hide_env_values = true,
         default_value = "sqlite://kiln.db"
     )]
     pub database_url: String,
+}
+
+impl std::fmt::Debug for StoreArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreArgs")
+            .field("database_url", &kiln_store::redact_url(&self.database_url))
+            .finish()
+    }
 }
 
 #[derive(Args, Debug)]

@@ -70,20 +70,12 @@ pub async fn run(args: UsersArgs) -> anyhow::Result<()> {
             let password = new_password(password_file.as_deref())?;
             kiln_sasl::check_iterations(iterations)
                 .map_err(|e| anyhow::anyhow!("--iterations: {e}"))?;
-            let mut upsertions = Vec::new();
-            for m in parse_mechanisms(&mechanisms)? {
-                let salt = ScramCredential::random_salt();
-                let salted = m.salted_password(password.as_bytes(), &salt, iterations);
-                upsertions.push(
-                    ScramCredentialUpsertion::default()
-                        .with_name(StrBytes::from_string(name.clone()))
-                        .with_mechanism(m.kafka_type())
-                        .with_iterations(i32::try_from(iterations)?)
-                        .with_salt(salt.into())
-                        .with_salted_password(salted.into()),
-                );
-            }
-            AlterUserScramCredentialsRequest::default().with_upsertions(upsertions)
+            upsert_request(
+                &name,
+                &password,
+                &parse_mechanisms(&mechanisms)?,
+                iterations,
+            )?
         }
         UsersCommand::Delete { name, mechanisms } => {
             let chosen = if mechanisms.is_empty() {
@@ -102,6 +94,59 @@ pub async fn run(args: UsersArgs) -> anyhow::Result<()> {
             AlterUserScramCredentialsRequest::default().with_deletions(deletions)
         }
     };
+    let changes = alter(&mut conn, timeout, request).await?;
+    println!("{changes} credential change(s) applied");
+    Ok(())
+}
+
+/// Creates `name`, or sets its password, with a credential for each of `mechanisms` (salted
+/// and hashed here; the broker receives SaltedPassword only) through `conn`, which must be
+/// the controller's. Returns the number of credentials written.
+pub async fn create_user(
+    conn: &mut Connection,
+    timeout: std::time::Duration,
+    name: &str,
+    password: &str,
+    mechanisms: &[Mechanism],
+    iterations: u32,
+) -> anyhow::Result<usize> {
+    if password.is_empty() || password.len() > kiln_sasl::PASSWORD_BYTES_MAX {
+        bail!("a password is 1 to {} bytes", kiln_sasl::PASSWORD_BYTES_MAX);
+    }
+    kiln_sasl::check_iterations(iterations).map_err(anyhow::Error::msg)?;
+    let request = upsert_request(name, password, mechanisms, iterations)?;
+    alter(conn, timeout, request).await
+}
+
+/// The upsertions that give `name` this password under each mechanism.
+fn upsert_request(
+    name: &str,
+    password: &str,
+    mechanisms: &[Mechanism],
+    iterations: u32,
+) -> anyhow::Result<AlterUserScramCredentialsRequest> {
+    let mut upsertions = Vec::new();
+    for m in mechanisms {
+        let salt = ScramCredential::random_salt();
+        let salted = m.salted_password(password.as_bytes(), &salt, iterations);
+        upsertions.push(
+            ScramCredentialUpsertion::default()
+                .with_name(StrBytes::from_string(name.to_string()))
+                .with_mechanism(m.kafka_type())
+                .with_iterations(i32::try_from(iterations)?)
+                .with_salt(salt.into())
+                .with_salted_password(salted.into()),
+        );
+    }
+    Ok(AlterUserScramCredentialsRequest::default().with_upsertions(upsertions))
+}
+
+/// Sends `request`'s changes one at a time; the number applied, or the first refusal.
+async fn alter(
+    conn: &mut Connection,
+    timeout: std::time::Duration,
+    request: AlterUserScramCredentialsRequest,
+) -> anyhow::Result<usize> {
     let changes = request.upsertions.len() + request.deletions.len();
     // One user per request: Kafka refuses a user named twice, so send one mechanism at a time.
     for (upsertions, deletions) in request
@@ -129,8 +174,7 @@ pub async fn run(args: UsersArgs) -> anyhow::Result<()> {
             }
         }
     }
-    println!("{changes} credential change(s) applied");
-    Ok(())
+    Ok(changes)
 }
 
 fn parse_mechanisms(names: &[String]) -> anyhow::Result<Vec<Mechanism>> {

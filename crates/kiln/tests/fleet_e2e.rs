@@ -9,11 +9,17 @@
 //! two (the same fault on the same component), an unreachable node after 10; an intermittent
 //! fault passes on its second attempt; a hung stress command ends at its step timeout and
 //! is killed on the node; afterwards no SSH connection or Redfish session is left open.
+//!
+//! The same fleet runs twice: over plaintext, and with security on (docs/security.md): the
+//! broker's listener SASL_SSL with SCRAM-SHA-512 and `[authorization]`, intake and the agent
+//! each logging in as its own user with only its role's ACLs (`kiln users`, `kiln acls`),
+//! with the same assertions, no ACL refusal and no password in the broker's log.
 
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use kiln_agent::{run_agent, AgentConfig, DeadLetter, RemediationSettings};
@@ -155,13 +161,15 @@ fn failing(h: &NodeHistory, attempt: u32) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn dead_letters(broker: &str) -> Vec<DeadLetter> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", broker)
+fn dead_letters(broker: &str, security: &[(String, String)]) -> Vec<DeadLetter> {
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", broker)
         .set("group.id", "fleet-e2e-reader")
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
+        .set("enable.auto.commit", "false");
+    for (k, v) in security {
+        cc.set(k, v);
+    }
+    let c: BaseConsumer = cc.create().expect("consumer");
     let (_, high) = c
         .fetch_watermarks(DLQ, 0, Duration::from_secs(10))
         .expect("watermarks");
@@ -171,20 +179,230 @@ fn dead_letters(broker: &str) -> Vec<DeadLetter> {
         .collect()
 }
 
+/// The admin (the broker's bootstrap user, a super user) and one SCRAM user per service the
+/// fleet runs, each with its own password.
+const USERS: [(&str, &str); 3] = [
+    ("admin", "fleet-admin-pw-3b8e61"),
+    ("intake", "fleet-intake-pw-a04c9d"),
+    ("agent", "fleet-agent-pw-5f12e7"),
+];
+
+/// The fleet's security: a CA and the broker's certificate from `kiln certs`, the broker's
+/// `[tls]`, `[sasl]` and `[authorization]`, and each service's librdkafka settings.
+struct Secure {
+    dir: PathBuf,
+}
+
+impl Secure {
+    fn new(dir: &Path) -> Secure {
+        let secure = Secure {
+            dir: dir.join("pki"),
+        };
+        let ca_dir = secure.dir.join("ca").display().to_string();
+        let out = secure.dir.display().to_string();
+        kiln_ok(&["certs", "ca", "--dir", &ca_dir], &[]);
+        kiln_ok(
+            &[
+                "certs",
+                "broker",
+                "--ca-dir",
+                &ca_dir,
+                "--node",
+                "0",
+                "--host",
+                "127.0.0.1",
+                "--out",
+                &out,
+            ],
+            &[],
+        );
+        for (user, password) in USERS {
+            std::fs::write(secure.password_file(user), format!("{password}\n")).expect("password");
+        }
+        secure
+    }
+
+    fn password_file(&self, user: &str) -> PathBuf {
+        self.dir.join(format!("{user}.password"))
+    }
+
+    fn ca(&self) -> PathBuf {
+        self.dir.join("ca").join("ca.crt")
+    }
+
+    /// The broker config's security sections.
+    fn broker_sections(&self) -> String {
+        format!(
+            "[tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n\n\
+             [sasl]\nmechanisms = [\"SCRAM-SHA-512\"]\nfailed_authentication_delay_ms = 100\n\
+             bootstrap_user = \"admin\"\nbootstrap_password_file = \"{}\"\n\n\
+             [authorization]\n",
+            self.dir.join("node-0.crt").display(),
+            self.dir.join("node-0.key").display(),
+            self.password_file("admin").display()
+        )
+    }
+
+    /// librdkafka's settings to log in as `user`, password included.
+    fn librdkafka(&self, user: &str) -> Vec<(String, String)> {
+        let password = USERS
+            .iter()
+            .find(|(u, _)| *u == user)
+            .map(|(_, p)| *p)
+            .expect("a known user");
+        [
+            ("security.protocol", "SASL_SSL"),
+            ("ssl.ca.location", &self.ca().display().to_string()),
+            ("sasl.mechanism", "SCRAM-SHA-512"),
+            ("sasl.username", user),
+            ("sasl.password", password),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+    }
+
+    /// `kiln` admin flags: the CA and the admin's login.
+    fn admin_flags(&self, bootstrap: &str) -> Vec<String> {
+        vec![
+            "--bootstrap".into(),
+            bootstrap.into(),
+            "--tls-ca".into(),
+            self.ca().display().to_string(),
+            "--sasl-user".into(),
+            "admin".into(),
+            "--sasl-password-file".into(),
+            self.password_file("admin").display().to_string(),
+        ]
+    }
+
+    /// Waits until the admin logs in, then creates intake's and the agent's users and gives
+    /// each the ACLs of its role in docs/security.md ("ACLs") and nothing more.
+    fn create_users_and_acls(&self, broker: &BrokerProcess) {
+        let admin = self.admin_flags(&broker.addr);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        // The bootstrap user's credential is written through the metadata log a moment
+        // after the listener opens.
+        loop {
+            let out = kiln_output(&["users", "list"], &admin);
+            if out.status.success() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the admin never logged in: {}\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                broker.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        for user in ["intake", "agent"] {
+            let file = self.password_file(user).display().to_string();
+            kiln_ok(&["users", "create", user, "--password-file", &file], &admin);
+        }
+        for acl in [
+            vec![
+                "User:intake",
+                "--operation",
+                "write",
+                "--operation",
+                "create",
+                "--topic",
+                NODES_TOPIC,
+            ],
+            vec!["User:agent", "--operation", "read", "--group", "burnin"],
+            vec![
+                "User:agent",
+                "--operation",
+                "read",
+                "--operation",
+                "write",
+                "--topic",
+                NODES_TOPIC,
+            ],
+            vec!["User:agent", "--operation", "write", "--topic", DLQ],
+        ] {
+            let mut args = vec!["acls", "create", "--allow", "--principal"];
+            args.extend(acl);
+            kiln_ok(&args, &admin);
+        }
+    }
+}
+
+/// `kiln ARGS MORE...`, with no KILN_* setting of the environment pointing it elsewhere.
+fn kiln_output(args: &[&str], more: &[String]) -> std::process::Output {
+    std::process::Command::new(KILN)
+        .args(args)
+        .args(more)
+        .env_remove("KILN_BOOTSTRAP")
+        .env_remove("KILN_SASL_PASSWORD")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run kiln")
+}
+
+/// [`kiln_output`], asserting it succeeded.
+fn kiln_ok(args: &[&str], more: &[String]) {
+    let out = kiln_output(args, more);
+    assert!(
+        out.status.success(),
+        "kiln {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// One fleet at a time: two at once on a small machine would put the step timeouts the
+/// assertions count on at risk.
+static ONE_FLEET: Mutex<()> = Mutex::new(());
+
 #[test]
 fn real_checks_on_a_simulated_fleet_pass_fail_retry_and_dead_letter() {
+    run_fleet(false);
+}
+
+#[test]
+fn the_same_fleet_over_sasl_ssl_with_each_services_acls() {
+    run_fleet(true);
+}
+
+fn run_fleet(secure: bool) {
+    let _one = ONE_FLEET
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let started = Instant::now();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    let broker = BrokerProcess::start(Path::new(KILN)).expect("start kiln broker");
-    let addr = broker.addr.clone();
-    rt.block_on(kiln_queue::create_topic(&addr, NODES_TOPIC, 3, 1))
-        .expect("create kiln.nodes");
-    rt.block_on(kiln_queue::create_topic(&addr, DLQ, 1, 1))
-        .expect("create dlq");
     let dir = tempfile::tempdir().expect("tempdir");
+    let security = secure.then(|| Secure::new(dir.path()));
+    let broker = match &security {
+        None => BrokerProcess::start(Path::new(KILN)),
+        Some(s) => BrokerProcess::start_with_config(Path::new(KILN), &s.broker_sections()),
+    }
+    .expect("start kiln broker");
+    let addr = broker.addr.clone();
+    if let Some(s) = &security {
+        s.create_users_and_acls(&broker);
+    }
+    let as_user = |user: &str| -> Vec<(String, String)> {
+        security
+            .as_ref()
+            .map(|s| s.librdkafka(user))
+            .unwrap_or_default()
+    };
+    let admin = kiln_queue::KafkaSettings(as_user("admin").into_iter().collect());
+    rt.block_on(kiln_queue::create_topic_with(
+        &addr,
+        NODES_TOPIC,
+        3,
+        1,
+        &admin,
+    ))
+    .expect("create kiln.nodes");
+    rt.block_on(kiln_queue::create_topic_with(&addr, DLQ, 1, 1, &admin))
+        .expect("create dlq");
     let db_url = format!("sqlite://{}", dir.path().join("kiln.db").display());
 
     let mut spec = FleetSpec::new(dir.path().join("sim"));
@@ -199,8 +417,24 @@ fn real_checks_on_a_simulated_fleet_pass_fail_retry_and_dead_letter() {
         .with_fault(HANGS, Fault::Hang);
     let fleet = rt.block_on(Fleet::start(spec)).expect("simulated fleet");
 
-    // The manifest the simulator wrote goes through the real intake CLI.
-    common::register_manifest(fleet.manifest_path(), &addr, &db_url);
+    // The manifest the simulator wrote goes through the real intake CLI; with security, as
+    // intake's user, its password in a --kafka-config-file.
+    let mut intake_flags = Vec::new();
+    if security.is_some() {
+        let secret = dir.path().join("intake.kafka");
+        let mut lines = String::new();
+        for (k, v) in as_user("intake") {
+            if k == "sasl.password" {
+                lines.push_str(&format!("{k}={v}\n"));
+            } else {
+                intake_flags.push(format!("--kafka-config={k}={v}"));
+            }
+        }
+        std::fs::write(&secret, lines).expect("intake's kafka config file");
+        intake_flags.push("--kafka-config-file".into());
+        intake_flags.push(secret.display().to_string());
+    }
+    common::register_manifest_with(fleet.manifest_path(), &addr, &db_url, &intake_flags);
 
     let config = fleet.agent_config(AgentConfig {
         bootstrap: addr.clone(),
@@ -219,6 +453,7 @@ fn real_checks_on_a_simulated_fleet_pass_fail_retry_and_dead_letter() {
             reset_gpu: "nvidia-smi -r -i {gpus}".into(),
             ..RemediationSettings::default()
         },
+        kafka: kiln_queue::KafkaSettings(as_user("agent").into_iter().collect()),
         ..AgentConfig::default()
     });
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -392,7 +627,7 @@ fn real_checks_on_a_simulated_fleet_pass_fail_retry_and_dead_letter() {
     assert!(fleet.stats().remote_kills >= 1, "{:?}", fleet.stats());
 
     // Every dead-lettered node is on the dead-letter topic with its last error.
-    let dl = dead_letters(&addr);
+    let dl = dead_letters(&addr, &as_user("admin"));
     let mut dead: Vec<&str> = dl
         .iter()
         .map(|d| d.message.node.hostname.as_str())
@@ -446,4 +681,30 @@ fn real_checks_on_a_simulated_fleet_pass_fail_retry_and_dead_letter() {
         std::thread::sleep(Duration::from_millis(100));
     }
     rt.block_on(fleet.stop());
+
+    if secure {
+        // Each service's ACLs were enough (nothing it did was refused), and no password
+        // reached the broker's log.
+        let log = broker.log_text();
+        assert!(
+            !log.contains("refused by the ACLs"),
+            "{}",
+            broker.log_tail()
+        );
+        for (user, password) in USERS {
+            assert!(
+                !log.contains(password),
+                "{user}'s password is in the broker's log"
+            );
+        }
+    }
+    println!(
+        "fleet over {}: {:.1} s",
+        if secure {
+            "SASL_SSL with ACLs"
+        } else {
+            "plaintext"
+        },
+        started.elapsed().as_secs_f64()
+    );
 }

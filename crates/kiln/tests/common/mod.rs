@@ -74,10 +74,21 @@ pub fn read_records(
 /// Registers `manifest` with the real `kiln intake register` against `bootstrap` and the store
 /// at `database_url` (ignoring any KILN_* defaults of the environment) and asserts it succeeded.
 pub fn register_manifest(manifest: &std::path::Path, bootstrap: &str, database_url: &str) {
+    register_manifest_with(manifest, bootstrap, database_url, &[]);
+}
+
+/// [`register_manifest`] with more flags (`--kafka-config`, `--kafka-config-file`).
+pub fn register_manifest_with(
+    manifest: &std::path::Path,
+    bootstrap: &str,
+    database_url: &str,
+    flags: &[String],
+) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(["intake", "register"])
         .arg(manifest)
         .args(["--bootstrap", bootstrap, "--database-url", database_url])
+        .args(flags)
         .env_remove("KILN_BOOTSTRAP")
         .env_remove("KILN_DATABASE_URL")
         .stdin(std::process::Stdio::null())
