@@ -32,6 +32,9 @@ pub struct BrokerConfig {
     pub max_connections: usize,
     /// Requests one connection may have in flight before the broker stops reading from it.
     pub max_in_flight_per_connection: usize,
+    /// Log files (segments, indexes, vote files) holding an open descriptor at once, over
+    /// every partition: the rest are opened again when used (kiln-log `fds.rs`).
+    pub open_files_max: usize,
     /// Upper bound on a fetch's long-poll wait, whatever the client asks for.
     pub fetch_max_wait_ms_cap: u64,
     /// How often retention runs over every partition.
@@ -451,6 +454,7 @@ impl Default for BrokerConfig {
             max_batch_bytes: 1024 * 1024 + 12,
             max_connections: 1024,
             max_in_flight_per_connection: 64,
+            open_files_max: kiln_log::fds::OPEN_FILES_MAX_DEFAULT,
             fetch_max_wait_ms_cap: 30_000,
             retention_check_interval_ms: 30_000,
             log: LogSettings::default(),
@@ -538,6 +542,9 @@ impl BrokerConfig {
         }
         if let Some(a) = &self.authorization {
             a.validate()?;
+        }
+        if self.open_files_max == 0 {
+            return Err("open_files_max must be at least 1".into());
         }
         if self.max_connections == 0 || self.max_in_flight_per_connection == 0 {
             return Err(

@@ -55,6 +55,7 @@ impl Broker {
             .validate()
             .map_err(anyhow::Error::msg)
             .context("invalid broker configuration")?;
+        kiln_log::fds::set_open_files_max(config.open_files_max);
         let lock = identity::lock_data_dir(&config.data_dir)?;
         let (identity, fresh) = identity::load_or_create(&config.data_dir, config.node_id)?;
         let data_dir = config.data_dir.clone();

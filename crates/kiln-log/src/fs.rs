@@ -12,13 +12,15 @@
 //! * a crash keeps every durable byte; of the rest, any prefix of the writes made since the
 //!   last sync may survive (the simulation picks one).
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::future::Future;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
+
+use crate::fds::Slot;
 
 /// A boxed future, so [`FsFile`] stays object safe.
 pub type SyncFuture = Pin<Box<dyn Future<Output = io::Result<()>> + Send>>;
@@ -96,31 +98,33 @@ pub fn read_all(fs: &dyn Fs, path: &Path) -> io::Result<Option<Vec<u8>>> {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RealFs;
 
+/// A real file; its descriptor is opened on demand within the process-wide bound
+/// (`fds.rs`).
 struct RealFile {
-    path: PathBuf,
-    file: Arc<File>,
+    slot: Arc<Slot>,
 }
 
 impl FsFile for RealFile {
     fn len(&self) -> io::Result<u64> {
-        Ok(self.file.metadata()?.len())
+        Ok(self.slot.get()?.metadata()?.len())
     }
 
     fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> io::Result<()> {
-        FileExt::read_exact_at(self.file.as_ref(), buf, pos)
+        FileExt::read_exact_at(self.slot.get()?.as_ref(), buf, pos)
     }
 
     fn write_all_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
-        FileExt::write_all_at(self.file.as_ref(), buf, pos)
+        FileExt::write_all_at(self.slot.get()?.as_ref(), buf, pos)
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
-        self.file.set_len(len)
+        self.slot.get()?.set_len(len)
     }
 
     fn sync(&self) -> SyncFuture {
-        let file = Arc::clone(&self.file);
+        let file = self.slot.get();
         Box::pin(async move {
+            let file = file?;
             match tokio::runtime::Handle::try_current() {
                 Ok(handle) => handle
                     .spawn_blocking(move || timed_sync(&file))
@@ -132,11 +136,11 @@ impl FsFile for RealFile {
     }
 
     fn sync_now(&self) -> io::Result<()> {
-        timed_sync(&self.file)
+        timed_sync(&*self.slot.get()?)
     }
 
     fn describe(&self) -> String {
-        self.path.display().to_string()
+        self.slot.path().display().to_string()
     }
 }
 
@@ -165,15 +169,8 @@ impl Fs for RealFs {
     }
 
     fn open(&self, path: &Path, create: bool) -> io::Result<Arc<dyn FsFile>> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(create)
-            .truncate(false)
-            .open(path)?;
         Ok(Arc::new(RealFile {
-            path: path.to_path_buf(),
-            file: Arc::new(file),
+            slot: Slot::open(path, create)?,
         }))
     }
 

@@ -8,12 +8,14 @@
 //! Kafka offset and Raft index, `<first index>.timeindex` a sparse time index; both are read on
 //! demand, never held in memory.
 //!
-//! All file I/O goes through [`fs::Fs`], real or simulated ([`sim_fs`]). This crate has no
+//! All file I/O goes through [`fs::Fs`], real or simulated ([`sim_fs`]); the real one keeps at
+//! most a bounded number of descriptors open, process-wide ([`fds`]). This crate has no
 //! networking; `stats` times every fsync for the broker's metrics.
 
 pub mod batch;
 mod config;
 mod error;
+pub mod fds;
 pub mod fs;
 pub mod header;
 mod index;
