@@ -491,6 +491,15 @@ impl RaftLogStorage<KilnRaft> for LogStore {
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
         let mut file = self.shared.vote_file.lock().await;
+        // A vote that only becomes committed (its leader was elected) changes nothing that is
+        // read back: `read_vote` reports every vote uncommitted after a restart. Writing and
+        // syncing it anyway would cost every election two fsyncs more (the new leader's and
+        // each voter's), which with a thousand partitions failing over at once is seconds.
+        let same = lock(&self.shared.vote).is_some_and(|v| v.leader_id == vote.leader_id);
+        if same {
+            *lock(&self.shared.vote) = Some(*vote);
+            return Ok(());
+        }
         let state = VoteState {
             vote: Some(*vote),
             guard: self.shared.health.guard(),
@@ -706,4 +715,48 @@ pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::time::Duration;
+
+    use kiln_log::sim_fs::{SimFs, SyncBehaviour};
+    use kiln_log::LogConfig;
+    use openraft::storage::RaftLogStorage;
+
+    use super::*;
+
+    /// A vote that only becomes committed writes nothing (it is read back uncommitted anyway);
+    /// a new term or candidate is written and synced, and is what a restart reads.
+    #[tokio::test(start_paused = true)]
+    async fn only_a_new_term_or_candidate_reaches_the_vote_file() {
+        let fs = SimFs::new(Duration::from_millis(1), SyncBehaviour::Honest);
+        let dir = Path::new("/r");
+        let fs_arc: Arc<dyn Fs> = Arc::new(fs.clone());
+        let len = || {
+            kiln_log::fs::read_all(&fs, &dir.join(VOTE_FILE))
+                .unwrap()
+                .unwrap()
+                .len()
+        };
+        let (mut store, _) = LogStore::open(fs_arc.clone(), dir, LogConfig::default(), true)
+            .await
+            .unwrap();
+        store.save_vote(&Vote::new(3, 2)).await.unwrap();
+        let after_vote = len();
+        assert!(after_vote > 0);
+        store.save_vote(&Vote::new_committed(3, 2)).await.unwrap();
+        assert_eq!(len(), after_vote, "committing the same vote writes nothing");
+        assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new(3, 2)));
+        store.save_vote(&Vote::new(4, 1)).await.unwrap();
+        assert!(len() > after_vote, "a new term is written");
+        drop(store);
+        let (fs2, _) = fs.crash(|_| 0);
+        let (mut store, _) = LogStore::open(Arc::new(fs2), dir, LogConfig::default(), true)
+            .await
+            .unwrap();
+        assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new(4, 1)));
+    }
 }
