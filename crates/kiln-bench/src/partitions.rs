@@ -32,6 +32,8 @@ const TOPIC: &str = "scale";
 const FAILOVER_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often Metadata is asked during the failover.
 const FAILOVER_POLL: Duration = Duration::from_millis(50);
+/// Longest a partition's high watermark is asked for after the kill.
+const WATERMARK_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Args, Debug, Clone)]
 pub struct PartitionsArgs {
@@ -46,6 +48,10 @@ pub struct PartitionsArgs {
     /// Seconds of produce load spread over all partitions.
     #[arg(long, default_value_t = 10)]
     pub produce_s: u64,
+    /// Keep each run's directory (the brokers' data and logs) instead of removing it; its path
+    /// is printed.
+    #[arg(long)]
+    pub keep: bool,
 }
 
 /// One broker process's cost, read from `/proc`.
@@ -89,6 +95,9 @@ pub fn run(
         let mut brokers = Brokers::start_cluster(&kiln_bin, tmp.path(), 3, "")?;
         let figures = measure(&mut brokers, args, n, runtime);
         brokers.kill_all();
+        if args.keep {
+            println!("kept {}", tmp.keep().display());
+        }
         let figures = figures?;
         print_one(&figures);
         all.push(figures);
@@ -357,15 +366,36 @@ fn check_nothing_lost(
     let client = metadata_client(&survivors.join(","))?;
     let n = partitions as u64;
     let mut short = Vec::new();
+    let (mut retried, mut last_retry) = (0u64, String::new());
     for p in 0..partitions {
         let i = p as u64;
         let acknowledged = 1 + sent / n + u64::from(i < sent % n);
-        let (_, high) = client
-            .fetch_watermarks(TOPIC, p, Duration::from_secs(10))
-            .with_context(|| format!("reading partition {p}'s high watermark"))?;
+        // A partition between leaders answers with an error for a moment (a client retries):
+        // asked again until WATERMARK_TIMEOUT, and how often that happened is printed.
+        let asked = Instant::now();
+        let high = loop {
+            match client.fetch_watermarks(TOPIC, p, Duration::from_secs(10)) {
+                Ok((_, high)) => break high,
+                Err(e) if asked.elapsed() < WATERMARK_TIMEOUT => {
+                    retried += 1;
+                    last_retry = format!("partition {p}: {e}");
+                    std::thread::sleep(FAILOVER_POLL);
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!("reading partition {p}'s high watermark for {WATERMARK_TIMEOUT:?}")
+                    })
+                }
+            }
+        };
         if u64::try_from(high).unwrap_or(0) < acknowledged {
             short.push(format!("{p}: {high} < {acknowledged}"));
         }
+    }
+    if retried > 0 {
+        println!(
+            "  reading the high watermarks after the kill: {retried} retries (last: {last_retry})"
+        );
     }
     if !short.is_empty() {
         bail!(

@@ -32,8 +32,9 @@
 //! last heard from a leader or candidate (or last stood), plus `vote_lease` when its vote is
 //! committed (it followed an elected leader), plus twice `election_max` when a voter told it
 //! of a longer log than its own at its last try (let the replica with the longest log stand
-//! first: only it can win). The draw is taken again after every try, so two replicas that
-//! tied once are unlikely to tie again. When an elected leader goes quiet, its followers'
+//! first: only it can win). The draw is taken again after every try. Candidates (and
+//! followers of no elected leader) take turns a range apart, in an order of the group and term
+//! every voter derives alike, so that after a split vote one asks before the others stand. When an elected leader goes quiet, its followers'
 //! timeouts fall in slices of the range, one per follower, in an order every replica of the
 //! group derives alike from the group's name (`stagger`) and the leader's term: a dead broker's
 //! thousand groups then elect with hardly a split vote, and their new leaders spread over the
@@ -157,6 +158,8 @@ struct State {
     acks: BTreeMap<NodeId, Instant>,
     /// Leader: every follower held and had applied the log through this entry, in this term.
     quiet: Option<(u64, LogId)>,
+    /// Leader: its last log index and applied log id at the last round, in that term.
+    last_round: Option<(u64, Option<u64>, Option<LogId>)>,
     /// When the replica started, or last stood for election: the election clock starts there
     /// when nothing was heard since.
     since: Instant,
@@ -190,6 +193,7 @@ impl Liveness {
                 acks_term: 0,
                 acks: BTreeMap::new(),
                 quiet: None,
+                last_round: None,
                 since: Instant::now(),
                 draw: draw(),
                 may_stand: true,
@@ -274,6 +278,13 @@ impl Liveness {
         lease_holds(&s, self.id, self.timings.lease(), term, voters, now)
     }
 
+    /// [`Liveness::lease_holds`] with the voters of its last known role: the check on every
+    /// client request (Metadata, Produce, Fetch), which must not rebuild openraft's voter set.
+    pub fn leads(&self, term: u64, now: Instant) -> bool {
+        let s = self.lock();
+        lease_holds(&s, self.id, self.timings.lease(), term, &s.role.voters, now)
+    }
+
     /// The send time of the latest message `peer` acknowledged in `term`.
     pub fn acked_at(&self, term: u64, peer: NodeId) -> Option<Instant> {
         let s = self.lock();
@@ -347,6 +358,20 @@ impl Liveness {
         self.lock().quiet == Some((term, applied))
     }
 
+    /// Leader: whether its log stood still since the last round (no entry appended, none
+    /// applied), which this one becomes. A group still being written needs no heartbeat: its
+    /// next append carries the commit index and restarts a replication that failed. One that
+    /// stopped needs one: so that its followers learn the commit of its last entry and the
+    /// group can go quiet, and so that an entry whose replication failed is sent again
+    /// (openraft retries a failed AppendEntries only when something new is to be sent).
+    pub fn stood_still(&self, term: u64, last_log: Option<u64>, applied: Option<LogId>) -> bool {
+        let mut s = self.lock();
+        let now = Some((term, last_log, applied));
+        let still = s.last_round == now;
+        s.last_round = now;
+        still
+    }
+
     /// Leader: sets (`Some`) or clears the quiet mark after a round of beats.
     pub fn set_quiet(&self, mark: Option<(u64, LogId)>) {
         self.lock().quiet = mark;
@@ -404,7 +429,17 @@ fn election_at(s: &State, id: NodeId, stagger: u64, timings: &Timings) -> Option
             wait += timings.vote_lease();
         }
         (true, None) => wait += range.mul_f64(s.draw) + timings.vote_lease(),
-        (false, _) => wait += range.mul_f64(s.draw),
+        // Standing again after a split vote (or with no elected leader known): the voters
+        // take turns, a whole range apart, in an order of the group and term they agree on, so
+        // that one candidate's request reaches the others before they stand themselves.
+        (false, _) => {
+            let order = mix(stagger ^ mix(s.role.term));
+            let mut voters: Vec<NodeId> = s.role.voters.to_vec();
+            voters.sort_by_key(|&v| mix(order ^ v));
+            let rank = voters.iter().position(|&v| v == id).unwrap_or(0);
+            // Half the range drawn: turns are at least half a range apart.
+            wait += range * u32::try_from(rank).unwrap_or(0) + range.mul_f64(s.draw) / 2;
+        }
     }
     if s.greater_log {
         wait += timings.election_max * 2;
@@ -557,16 +592,17 @@ mod tests {
         l.set_role(role(Candidate, 2, false));
         l.stood(t0 + Duration::from_secs(10));
         let at = t0 + Duration::from_secs(10);
+        // A candidate's turn is one of three (voters 1, 2, 3), each a range (300 ms) long.
         assert!(!l.election_due(at + min - Duration::from_millis(1)));
-        assert!(l.election_due(at + max));
+        assert!(l.election_due(at + max * 2));
         l.saw_greater_log();
         assert!(
-            !l.election_due(at + max + max),
+            !l.election_due(at + max * 2),
             "a longer log elsewhere: stand later"
         );
-        assert!(l.election_due(at + max * 3));
+        assert!(l.election_due(at + max * 4));
         l.stood(at);
-        assert!(l.election_due(at + max), "the next try forgets it");
+        assert!(l.election_due(at + max * 2), "the next try forgets it");
         l.set_role(role(Leader, 2, true));
         assert!(!l.election_due(at + max), "a leader does not stand");
         l.set_role(Role {
@@ -614,6 +650,57 @@ mod tests {
             first.len(),
             2,
             "groups differ in who stands first: {first:?}"
+        );
+    }
+
+    /// Two candidates that split a vote stand again in turns they agree on (by group and term),
+    /// at least half a range apart: the first one's request reaches the other first.
+    #[tokio::test(start_paused = true)]
+    async fn candidates_after_a_split_vote_take_turns() {
+        use openraft::ServerState::Candidate;
+        let t0 = Instant::now();
+        let horizon = Duration::from_secs(5);
+        let mut first = BTreeMap::new();
+        for (stagger, term) in (0..32).zip(5..) {
+            let at: Vec<(Instant, NodeId)> = [1, 3]
+                .into_iter()
+                .map(|id| {
+                    let l = Liveness::new(id, timings(), stagger);
+                    l.set_role(role(Candidate, term, false));
+                    l.stood(t0);
+                    match l.check(t0, horizon) {
+                        Check::Stand(at) => (at, id),
+                        other => panic!("{other:?}"),
+                    }
+                })
+                .collect();
+            let gap = at[0].0.max(at[1].0) - at[0].0.min(at[1].0);
+            assert!(gap >= Duration::from_millis(150), "{gap:?}");
+            *first.entry(at.iter().min().map(|a| a.1)).or_insert(0) += 1;
+        }
+        assert_eq!(first.len(), 2, "either may go first: {first:?}");
+    }
+
+    /// A leader's log that stands still for a round (nothing appended, nothing applied) wants
+    /// a heartbeat, committed or not: an entry whose AppendEntries failed is sent again only
+    /// then. One still moving does not.
+    #[test]
+    fn a_log_that_stood_still_for_a_round_is_noticed() {
+        let l = Liveness::new(1, timings(), 7);
+        assert!(
+            !l.stood_still(2, Some(5), Some(log(2, 4))),
+            "the first round"
+        );
+        assert!(
+            l.stood_still(2, Some(5), Some(log(2, 4))),
+            "entry 5 is stuck unapplied"
+        );
+        assert!(!l.stood_still(2, Some(6), Some(log(2, 4))), "appended");
+        assert!(!l.stood_still(2, Some(6), Some(log(2, 6))), "applied");
+        assert!(l.stood_still(2, Some(6), Some(log(2, 6))));
+        assert!(
+            !l.stood_still(3, Some(6), Some(log(2, 6))),
+            "a new term starts over"
         );
     }
 

@@ -24,11 +24,6 @@ use crate::types::{KilnRaft, LogId, NodeId, Raft};
 
 type Metrics = RaftMetrics<NodeId, openraft::EmptyNode>;
 
-/// The voters of the membership `m` holds.
-fn voters(m: &Metrics) -> Vec<NodeId> {
-    m.membership_config.membership().voter_ids().collect()
-}
-
 /// Why a replica refused a vote request without asking openraft.
 #[derive(Debug, thiserror::Error)]
 pub enum VoteRefused {
@@ -58,6 +53,9 @@ pub enum PulseDue {
         followers: Vec<NodeId>,
         /// Every follower held and had applied `applied` at the last beat: no heartbeat due.
         quiet: bool,
+        /// Not quiet, and its log stood still since the last round: an openraft heartbeat is
+        /// due (see `Liveness::stood_still`).
+        heartbeat: bool,
         /// Its lease lapsed since the last check (counted in [`Liveness::lapses`]).
         lapsed: bool,
     },
@@ -576,7 +574,7 @@ impl ReplicatedPartition {
 
     /// Whether `m` is this replica leading with its lease held at `now`.
     fn holds_lease(&self, m: &Metrics, now: Instant) -> bool {
-        m.state == ServerState::Leader && self.liveness.lease_holds(m.current_term, &voters(m), now)
+        m.state == ServerState::Leader && self.liveness.leads(m.current_term, now)
     }
 
     /// Hands a leader's AppendEntries (which arrived at `arrived`) to openraft and notes that
@@ -672,21 +670,25 @@ impl ReplicatedPartition {
         if stuck {
             return PulseDue::Stuck { term, lapsed };
         }
-        let applied = {
+        let (last_log, last_applied) = {
             let m = self.raft.metrics();
             let m = m.borrow();
             if m.state != ServerState::Leader || m.current_term != term {
                 // The role just changed; its watcher is about to say so.
                 return PulseDue::Idle;
             }
-            m.last_applied.filter(|a| m.last_log_index == Some(a.index))
+            (m.last_log_index, m.last_applied)
         };
+        let applied = last_applied.filter(|a| last_log == Some(a.index));
         let voters = self.liveness.role().voters;
+        let quiet = applied.is_some_and(|a| self.liveness.is_quiet(term, a));
+        let still = self.liveness.stood_still(term, last_log, last_applied);
         PulseDue::Lead {
             term,
             applied,
             followers: voters.iter().copied().filter(|&v| v != self.id).collect(),
-            quiet: applied.is_some_and(|a| self.liveness.is_quiet(term, a)),
+            quiet,
+            heartbeat: !quiet && still,
             lapsed,
         }
     }

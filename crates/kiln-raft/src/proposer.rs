@@ -391,7 +391,7 @@ impl Run {
         let (leader, term, state, lapsed) = {
             let m = self.raft.metrics();
             let m = m.borrow();
-            let lapsed = !lease_holds(&self.liveness, &m, m.current_term);
+            let lapsed = !lease_holds(&self.liveness, m.current_term);
             (m.current_leader, m.current_term, m.state, lapsed)
         };
         // A leader whose lease lapsed (`liveness.rs`) proposes nothing: the entry could not
@@ -694,23 +694,16 @@ async fn leadership_lost(
             return;
         }
         let m = metrics.borrow();
-        if m.state != ServerState::Leader
-            || m.current_term != term
-            || !lease_holds(liveness, &m, term)
+        if m.state != ServerState::Leader || m.current_term != term || !lease_holds(liveness, term)
         {
             return;
         }
     }
 }
 
-/// Whether the lease of a leader of `term` whose metrics are `m` holds now.
-fn lease_holds(
-    liveness: &Liveness,
-    m: &openraft::RaftMetrics<crate::types::NodeId, openraft::EmptyNode>,
-    term: u64,
-) -> bool {
-    let voters: Vec<_> = m.membership_config.membership().voter_ids().collect();
-    liveness.lease_holds(term, &voters, tokio::time::Instant::now())
+/// Whether the lease of a leader of `term` holds now (`Liveness::leads`).
+fn lease_holds(liveness: &Liveness, term: u64) -> bool {
+    liveness.leads(term, tokio::time::Instant::now())
 }
 
 /// Whether `producer_id`'s batch among `batches` is of the epoch `table` holds for it (a gap

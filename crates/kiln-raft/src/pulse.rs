@@ -13,10 +13,13 @@
 //!   ([`crate::ReplicatedPartition::serve_beat`]): accepted (it follows this leader in this
 //!   term: the leader was heard, and the answer counts toward its lease) and caught up (it
 //!   holds and has applied that log). A group whose followers were all caught up at the last
-//!   round and whose log has not moved since is *quiet*: it sends nothing else. Any other
-//!   group also gets an openraft heartbeat (an empty AppendEntries), which carries the commit
-//!   index and repairs a follower that fell behind. So an idle broker sends a message or two
-//!   per peer per round, whatever its number of partitions.
+//!   round and whose log has not moved since is *quiet*: it sends nothing else. A group whose
+//!   log stood still for a round without being quiet also gets an openraft heartbeat (an empty
+//!   AppendEntries), which carries the commit index of its last entry and repairs a follower
+//!   that fell behind; one still being written needs none (its next append carries the
+//!   commit index, and openraft retries a failed one on its own). So an idle broker sends a
+//!   message or two per peer per round, whatever its number of partitions, and a busy one
+//!   adds no heartbeats to its appends.
 //! * **Elections.** Every round, each follower or candidate whose election timeout passed on
 //!   [`Liveness`]'s clock stands ([`crate::partition::PulseDue::Stand`]): openraft checked its
 //!   own on its tick, which is the same period.
@@ -119,7 +122,8 @@ pub async fn run(
                 term,
                 applied,
                 followers,
-                quiet,
+                quiet: _,
+                heartbeat,
                 lapsed,
             } => {
                 if lapsed {
@@ -134,7 +138,7 @@ pub async fn run(
                     replica: replica.clone(),
                     item,
                     followers,
-                    quiet,
+                    heartbeat,
                 });
             }
         });
@@ -183,10 +187,11 @@ struct Led {
     replica: ReplicatedPartition,
     item: BeatItem,
     followers: Vec<NodeId>,
-    quiet: bool,
+    /// An openraft heartbeat is due (`PulseDue::Lead`).
+    heartbeat: bool,
 }
 
-/// One round of beats: an openraft heartbeat for every group that is not quiet, one beat
+/// One round of beats: an openraft heartbeat for every group that stopped but is not quiet yet, one beat
 /// per peer (in pieces of [`BEAT_ITEMS_MAX`]) for all, then what the answers say: the
 /// followers that accepted count toward each leader's lease, and a group whose followers
 /// all caught up is quiet until its log moves.
@@ -198,7 +203,7 @@ async fn beat_round(
     lease: Duration,
 ) {
     let sent = Instant::now();
-    for led in leading.iter().filter(|l| !l.quiet) {
+    for led in leading.iter().filter(|l| l.heartbeat) {
         // Fire and forget: openraft only queues the command.
         let _ = led.replica.raft().trigger().heartbeat().await;
     }
