@@ -22,6 +22,8 @@ SECRET_ENV = {
     "KILN_DATABASE_URL": f"postgres://kiln:{DB_PASSWORD}@db.example:5432/kiln",
     "KILN_DEADLETTER__SMTP__PASSWORD": "help-smtp-pw-4e7a18",
     "KILN_AGENT__REDFISH__PASSWORD": "help-bmc-pw-61d0c3",
+    "KILN_INTAKE__KAFKA_PASSWORD": "help-intake-kafka-pw-3d81b2",
+    "KILN_DASHBOARD__BROKER__SASL_PASSWORD": "help-dashboard-sasl-pw-c47e05",
 }
 FILE_SECRET = "help-file-pw-0a5d77"
 SECRETS = [v for k, v in SECRET_ENV.items() if k != "KILN_DATABASE_URL"] + [DB_PASSWORD,
@@ -80,7 +82,7 @@ def test_no_help_text_shows_a_secret(tmp_path: Path):
     missing = TAKE_SECRETS - set(seen)
     assert not missing, f"the walk never reached {sorted(missing)}; it saw {sorted(seen)}"
     # The database URL's variable is named, its value (which may hold a password) is not.
-    assert "[env: KILN_DATABASE_URL]" in seen["intake"], seen["intake"]
+    assert "[env: KILN_DATABASE_URL]" in seen["intake register"], seen["intake register"]
     print(f"{len(seen)} help texts (each with --help and -h), no secret in any")
 
 
@@ -126,13 +128,20 @@ def test_errors_next_to_a_secret_do_not_show_it(tmp_path: Path):
         "agent": (["agent", "--config", str(agent_cfg)], {}),
         # A bad report time beside the SMTP password.
         "deadletter": (["deadletter", "--config", str(triage_cfg), "report", "--dry-run"], {}),
+        # A bad lag interval beside the lag sampler's password from the environment.
+        "dashboard": (["dashboard", "--lag-interval-s", "0"],
+                      {"KILN_DASHBOARD__BROKER__SASL_PASSWORD": secret}),
+        # A password given twice to intake: in the environment and as a file.
+        "intake serve": (["intake", "serve"], {"KILN_INTAKE__KAFKA_PASSWORD": secret,
+                                               "KILN_INTAKE__KAFKA_PASSWORD_FILE": str(pw_file)}),
     }
     # What each error must say: that it is about the thing next to the secret.
     expected = {"intake --kafka-config": "expected KEY=VALUE",
                 "intake --kafka-config sasl.password": "not taken from the command line",
                 "users list": "connect",
                 "topics list": "connect", "nodes show": "postgres://kiln:***@",
-                "agent": "not both", "deadletter": "25:61"}
+                "agent": "not both", "deadletter": "25:61", "dashboard": "out of range",
+                "intake serve": "not both"}
     for name, (args, extra_env) in cases.items():
         cp = run(args, {**env, **extra_env})
         text = cp.stdout + cp.stderr

@@ -157,7 +157,10 @@ pub async fn run_agent(
     let access = NodeAccess::new(&config.ssh, &config.redfish)?;
     let store = timeout(
         Duration::from_millis(config.step_timeout_ms),
-        Store::connect(&config.database_url),
+        Store::connect_with_password_file(
+            &config.database_url,
+            config.database_password_file.as_deref(),
+        ),
     )
     .await
     .map_err(|_| {

@@ -18,6 +18,8 @@ pub struct AgentConfig {
     pub bootstrap: String,
     /// The results store (`sqlite://PATH` or `postgres://...`).
     pub database_url: String,
+    /// A file whose first line is PostgreSQL's password, kept out of `database_url`.
+    pub database_password_file: Option<PathBuf>,
     /// This agent's name in the store's runs (default: `agent-<pid>`).
     pub agent_id: String,
     /// The playbook every node runs (or use `playbooks`).
@@ -54,6 +56,9 @@ pub struct AgentConfig {
     pub kafka: kiln_queue::KafkaSettings,
     /// File whose first line is librdkafka's `sasl.password` (instead of `[kafka]`).
     pub kafka_password_file: Option<PathBuf>,
+    /// librdkafka's `sasl.password` as a setting of its own, so it can come from the
+    /// environment (`KILN_AGENT__KAFKA_PASSWORD`).
+    pub kafka_password: Option<String>,
     /// `host:port` of the Prometheus text endpoint (`GET /metrics`); "off" disables it. Agents
     /// sharing a host need one port each.
     pub metrics_listen: String,
@@ -71,6 +76,7 @@ impl std::fmt::Debug for AgentConfig {
         let AgentConfig {
             bootstrap,
             database_url,
+            database_password_file,
             agent_id,
             playbook,
             playbooks,
@@ -88,6 +94,7 @@ impl std::fmt::Debug for AgentConfig {
             session_timeout_ms,
             kafka,
             kafka_password_file,
+            kafka_password,
             metrics_listen,
             fail_fast,
             remediation,
@@ -95,6 +102,7 @@ impl std::fmt::Debug for AgentConfig {
         f.debug_struct("AgentConfig")
             .field("bootstrap", bootstrap)
             .field("database_url", &kiln_store::redact_url(database_url))
+            .field("database_password_file", database_password_file)
             .field("agent_id", agent_id)
             .field("playbook", playbook)
             .field("playbooks", playbooks)
@@ -112,6 +120,10 @@ impl std::fmt::Debug for AgentConfig {
             .field("session_timeout_ms", session_timeout_ms)
             .field("kafka", kafka)
             .field("kafka_password_file", kafka_password_file)
+            .field(
+                "kafka_password",
+                &kafka_password.as_ref().map(|_| "[redacted]"),
+            )
             .field("metrics_listen", metrics_listen)
             .field("fail_fast", fail_fast)
             .field("remediation", remediation)
@@ -124,6 +136,7 @@ impl Default for AgentConfig {
         AgentConfig {
             bootstrap: "127.0.0.1:9092".into(),
             database_url: "sqlite://kiln.db".into(),
+            database_password_file: None,
             agent_id: format!("agent-{}", std::process::id()),
             playbook: None,
             playbooks: Vec::new(),
@@ -141,6 +154,7 @@ impl Default for AgentConfig {
             session_timeout_ms: 10_000,
             kafka: Default::default(),
             kafka_password_file: None,
+            kafka_password: None,
             metrics_listen: "127.0.0.1:9645".into(),
             fail_fast: FailFastSettings::default(),
             remediation: RemediationSettings::default(),
@@ -165,10 +179,18 @@ impl AgentConfig {
                 .with_context(|| format!("reading agent settings {}", path.display()))?;
         let mut config = config;
         config.validate()?;
-        if let Some(file) = config.kafka_password_file.clone() {
-            config
+        match (
+            config.kafka_password.clone(),
+            config.kafka_password_file.clone(),
+        ) {
+            (Some(_), Some(_)) => {
+                anyhow::bail!("set kafka_password or kafka_password_file, not both")
+            }
+            (Some(password), None) => config.kafka.add_password("kafka_password", &password)?,
+            (None, Some(file)) => config
                 .kafka
-                .add_password_file("kafka_password_file", &file)?;
+                .add_password_file("kafka_password_file", &file)?,
+            (None, None) => {}
         }
         Ok(config)
     }
@@ -228,6 +250,7 @@ mod tests {
             .0
             .insert("sasl.password".into(), "hunter2-kafka".into());
         c.redfish.password = Some("hunter2-bmc".into());
+        c.kafka_password = Some("hunter2-kafka-env".into());
         let shown = format!("{c:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(shown.contains("postgres://kiln:***@db/kiln"), "{shown}");
@@ -265,6 +288,34 @@ mod tests {
         assert!(AgentConfig::load(&p).is_err());
         assert!(AgentConfig::load(&dir.join("missing.toml")).is_err());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_kafka_password_comes_from_the_environment_or_a_file_not_both() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("agent.toml");
+        let pw = dir.path().join("kafka.pw");
+        std::fs::write(&pw, "hunter2-file\n").expect("write");
+        std::fs::write(&p, "playbook = \"a.yaml\"\n").expect("write");
+        let env = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let c = AgentConfig::load_from(&p, env(&[("KILN_AGENT__KAFKA_PASSWORD", "007-env")]))
+            .expect("load");
+        assert_eq!(c.kafka.0[kiln_queue::SASL_PASSWORD], "007-env");
+        assert!(!format!("{c:?}").contains("007-env"));
+        let both = env(&[
+            ("KILN_AGENT__KAFKA_PASSWORD", "007-env"),
+            (
+                "KILN_AGENT__KAFKA_PASSWORD_FILE",
+                pw.to_str().expect("path"),
+            ),
+        ]);
+        let err = AgentConfig::load_from(&p, both).expect_err("two sources");
+        assert!(err.to_string().contains("not both"), "{err}");
     }
 
     #[test]

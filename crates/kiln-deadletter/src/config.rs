@@ -19,6 +19,8 @@ pub struct DeadletterConfig {
     pub bootstrap: String,
     /// The results store (`sqlite://PATH` or `postgres://...`).
     pub database_url: String,
+    /// A file whose first line is PostgreSQL's password, kept out of `database_url`.
+    pub database_password_file: Option<PathBuf>,
     /// Consumer group (`deadletter`): its own, so the triage service's offsets are independent
     /// of anyone else reading the dead-letter topic.
     pub group: String,
@@ -36,6 +38,9 @@ pub struct DeadletterConfig {
     pub kafka: kiln_queue::KafkaSettings,
     /// File whose first line is librdkafka's `sasl.password` (instead of `[kafka]`).
     pub kafka_password_file: Option<PathBuf>,
+    /// librdkafka's `sasl.password` as a setting of its own, so it can come from the
+    /// environment (`KILN_DEADLETTER__KAFKA_PASSWORD`).
+    pub kafka_password: Option<String>,
     pub report: ReportConfig,
     /// `smtp` or `file`.
     pub transport: TransportKind,
@@ -138,6 +143,7 @@ impl std::fmt::Debug for DeadletterConfig {
         let DeadletterConfig {
             bootstrap,
             database_url,
+            database_password_file,
             group,
             topic,
             instance_id,
@@ -146,6 +152,7 @@ impl std::fmt::Debug for DeadletterConfig {
             step_timeout_ms,
             kafka,
             kafka_password_file,
+            kafka_password,
             report,
             transport,
             smtp,
@@ -154,6 +161,7 @@ impl std::fmt::Debug for DeadletterConfig {
         f.debug_struct("DeadletterConfig")
             .field("bootstrap", bootstrap)
             .field("database_url", &kiln_store::redact_url(database_url))
+            .field("database_password_file", database_password_file)
             .field("group", group)
             .field("topic", topic)
             .field("instance_id", instance_id)
@@ -162,6 +170,10 @@ impl std::fmt::Debug for DeadletterConfig {
             .field("step_timeout_ms", step_timeout_ms)
             .field("kafka", kafka)
             .field("kafka_password_file", kafka_password_file)
+            .field(
+                "kafka_password",
+                &kafka_password.as_ref().map(|_| "[redacted]"),
+            )
             .field("report", report)
             .field("transport", transport)
             .field("smtp", smtp)
@@ -175,6 +187,7 @@ impl Default for DeadletterConfig {
         DeadletterConfig {
             bootstrap: "127.0.0.1:9092".into(),
             database_url: "sqlite://kiln.db".into(),
+            database_password_file: None,
             group: "deadletter".into(),
             topic: format!("{}.dlq", kiln_queue::NODES_TOPIC),
             instance_id: format!("deadletter-{}", std::process::id()),
@@ -183,6 +196,7 @@ impl Default for DeadletterConfig {
             step_timeout_ms: 30_000,
             kafka: kiln_queue::KafkaSettings::default(),
             kafka_password_file: None,
+            kafka_password: None,
             report: ReportConfig::default(),
             transport: TransportKind::Smtp,
             smtp: SmtpConfig::default(),
@@ -251,10 +265,16 @@ impl DeadletterConfig {
         config
             .validate()
             .with_context(|| format!("deadletter settings {shown}"))?;
-        if let Some(file) = config.kafka_password_file.clone() {
-            config
+        match (
+            config.kafka_password.clone(),
+            config.kafka_password_file.clone(),
+        ) {
+            (Some(_), Some(_)) => bail!("set kafka_password or kafka_password_file, not both"),
+            (Some(password), None) => config.kafka.add_password("kafka_password", &password)?,
+            (None, Some(file)) => config
                 .kafka
-                .add_password_file("kafka_password_file", &file)?;
+                .add_password_file("kafka_password_file", &file)?,
+            (None, None) => {}
         }
         Ok(config)
     }
@@ -297,6 +317,7 @@ mod tests {
         let mut c = DeadletterConfig::default();
         c.smtp.password = "hunter2-smtp".into();
         c.database_url = "postgres://kiln:hunter2-db@db/kiln".into();
+        c.kafka_password = Some("hunter2-kafka-env".into());
         c.kafka
             .0
             .insert("sasl.password".into(), "hunter2-kafka".into());

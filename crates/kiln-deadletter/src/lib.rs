@@ -51,9 +51,12 @@ pub async fn run(
     config.validate()?;
     let schedule = config.schedule()?;
     let mailer = Mailer::new(&config)?;
-    let store = Store::connect(&config.database_url)
-        .await
-        .context("opening the results store")?;
+    let store = Store::connect_with_password_file(
+        &config.database_url,
+        config.database_password_file.as_deref(),
+    )
+    .await
+    .context("opening the results store")?;
     let (caught_tx, caught_rx) = watch::channel(false);
     tracing::info!(
         time = %config.report.time, zone = %schedule.zone_name, transport = ?config.transport,

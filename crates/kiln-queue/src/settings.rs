@@ -61,11 +61,28 @@ impl KafkaSettings {
     /// Sets `sasl.password` from the first line of `file` (`setting` names it in errors). An
     /// error when `[kafka]` already sets a password: two sources for one secret is a mistake.
     pub fn add_password_file(&mut self, setting: &str, file: &Path) -> anyhow::Result<()> {
+        self.refuse_second_password(setting)?;
+        let password = kiln_settings::read_secret_file(setting, file)?;
+        self.add_password(setting, &password)
+    }
+
+    /// Sets `sasl.password` from a setting of its own (`setting`: its name in errors), so the
+    /// password can come from the environment. The same refusals as `add_password_file`, and
+    /// an empty password is one.
+    pub fn add_password(&mut self, setting: &str, password: &str) -> anyhow::Result<()> {
+        self.refuse_second_password(setting)?;
+        if password.is_empty() {
+            anyhow::bail!("{setting} is empty");
+        }
+        self.0
+            .insert(SASL_PASSWORD.to_string(), password.to_string());
+        Ok(())
+    }
+
+    fn refuse_second_password(&self, setting: &str) -> anyhow::Result<()> {
         if self.0.contains_key(SASL_PASSWORD) {
             anyhow::bail!("set [kafka] \"{SASL_PASSWORD}\" or {setting}, not both");
         }
-        let password = kiln_settings::read_secret_file(setting, file)?;
-        self.0.insert(SASL_PASSWORD.to_string(), password);
         Ok(())
     }
 }

@@ -26,6 +26,7 @@ pub mod testing;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -53,6 +54,10 @@ static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("../../migrations/postgres
 pub enum StoreError {
     #[error("unsupported database URL {0:?}: use sqlite://PATH (or sqlite::memory:) or postgres://USER@HOST:PORT/DB")]
     UnsupportedUrl(String),
+    #[error("the database {url}: {reason}")]
+    Password { url: String, reason: &'static str },
+    #[error(transparent)]
+    PasswordFile(#[from] kiln_settings::SettingsError),
     #[error("cannot open the database {url}: {source}")]
     Connect { url: String, source: sqlx::Error },
     #[error("cannot apply migrations to {url}: {source}")]
@@ -446,7 +451,39 @@ impl Store {
     /// Opens (creating a SQLite file if needed) and migrates the store at `url`:
     /// `sqlite://PATH`, `sqlite:PATH`, `sqlite::memory:`, `postgres://...` or `postgresql://...`.
     pub async fn connect(url: &str) -> Result<Store> {
+        Store::connect_with_password(url, None).await
+    }
+
+    /// [`Store::connect_with_password`] with the password from the first line of `file`, when
+    /// a service's settings name one (`database_password_file`).
+    pub async fn connect_with_password_file(url: &str, file: Option<&Path>) -> Result<Store> {
+        let password = file
+            .map(|file| kiln_settings::read_secret_file("database_password_file", file))
+            .transpose()?;
+        Store::connect_with_password(url, password.as_deref()).await
+    }
+
+    /// [`Store::connect`] with PostgreSQL's password given apart from the URL, so that it can
+    /// come from a file (a service's `database_password_file`) while the URL sits in a
+    /// settings file or the environment. Refused for SQLite, which has none, and for a URL
+    /// that holds a password of its own: two sources for one secret is a mistake.
+    pub async fn connect_with_password(url: &str, password: Option<&str>) -> Result<Store> {
         let shown = redact_url(url);
+        if password.is_some() {
+            let refuse = |reason| {
+                Err(StoreError::Password {
+                    url: shown.clone(),
+                    reason,
+                })
+            };
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                return refuse("a password is given, but only a PostgreSQL store takes one");
+            }
+            // What redaction would hide is a password: in the user info or the query.
+            if shown != url {
+                return refuse("the URL holds a password and one is given apart: keep one");
+            }
+        }
         let connect_err = |source| StoreError::Connect {
             url: shown.clone(),
             source,
@@ -476,7 +513,10 @@ impl Store {
                 })?;
             Ok(Store::Sqlite(pool))
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let opts = PgConnectOptions::from_str(url).map_err(connect_err)?;
+            let mut opts = PgConnectOptions::from_str(url).map_err(connect_err)?;
+            if let Some(password) = password {
+                opts = opts.password(password);
+            }
             let pool = PgPoolOptions::new()
                 .max_connections(8)
                 .acquire_timeout(Duration::from_secs(10))
@@ -1108,6 +1148,26 @@ mod tests {
             redact_url("postgres://kiln:s3cret@db/kiln?sslrootcert=/etc/a@b/ca.crt&SSLPASSWORD=k"),
             "postgres://kiln:***@db/kiln?sslrootcert=/etc/a@b/ca.crt&SSLPASSWORD=***"
         );
+    }
+
+    #[tokio::test]
+    async fn a_password_apart_from_the_url_is_for_postgres_and_never_a_second_one() {
+        for (url, want) in [
+            ("sqlite::memory:", "only a PostgreSQL store"),
+            ("postgres://kiln:inurl-pw@127.0.0.1:1/kiln", "keep one"),
+            (
+                "postgres://kiln@127.0.0.1:1/kiln?password=inurl-pw",
+                "keep one",
+            ),
+        ] {
+            let err = Store::connect_with_password(url, Some("apart-pw"))
+                .await
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains(want), "{url}: {err}");
+            assert!(!err.contains("-pw"), "{err}");
+        }
     }
 
     #[test]

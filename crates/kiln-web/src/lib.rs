@@ -63,8 +63,9 @@ impl WebSecurity {
         }
         Err(format!(
             "{service} would answer anyone who can reach {listen}: give --tokens-file FILE \
-             (kiln tokens create) or --tls-client-ca FILE, or --insecure-no-auth to serve it \
-             open anyway"
+             (tokens_file; kiln tokens create) or --https-client-ca FILE ([https] \
+             client_ca_file), or --insecure-no-auth (insecure_no_auth = true) to serve it open \
+             anyway"
         ))
     }
 }

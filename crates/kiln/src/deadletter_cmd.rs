@@ -67,7 +67,11 @@ async fn dry_run(config: &DeadletterConfig, r: &ReportArgs) -> anyhow::Result<()
             .with_context(|| format!("--day {d:?} is not a date (YYYY-MM-DD)"))?,
         None => schedule.day_of(Timestamp::now()),
     };
-    let store = Store::connect(&config.database_url).await?;
+    let store = Store::connect_with_password_file(
+        &config.database_url,
+        config.database_password_file.as_deref(),
+    )
+    .await?;
     let report = build_report(&store, day, &schedule, &config.report).await;
     store.close().await;
     let report = report?;
@@ -82,7 +86,11 @@ async fn dry_run(config: &DeadletterConfig, r: &ReportArgs) -> anyhow::Result<()
 async fn send_now(config: &DeadletterConfig) -> anyhow::Result<()> {
     let schedule = config.schedule()?;
     let mailer = Mailer::new(config)?;
-    let store = Store::connect(&config.database_url).await?;
+    let store = Store::connect_with_password_file(
+        &config.database_url,
+        config.database_password_file.as_deref(),
+    )
+    .await?;
     let day = schedule.day_of(Timestamp::now());
     let outcome = send_report(&store, &mailer, config, &schedule, day, true).await;
     store.close().await;

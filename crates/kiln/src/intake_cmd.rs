@@ -1,4 +1,7 @@
 //! `kiln intake register MANIFEST` and `kiln intake serve`: queue a rack's nodes for burn-in.
+//! `register` is a tool (flags, and the `KILN_DATABASE_URL` / `KILN_BOOTSTRAP` variables it
+//! shares with `kiln nodes`, `dlq` and `status`); `serve` is a service with settings
+//! (`intake_settings`).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -13,24 +16,11 @@ use kiln_manifest::{Format, ManifestErrors};
 use kiln_queue::{NodeProducer, ProducerConfig};
 use kiln_store::Store;
 
+use crate::intake_settings::{IntakeSettings, ProducerArgs, ServeArgs};
 use crate::platform_args::PlatformArgs;
-use crate::web_args::WebArgs;
 
 #[derive(Args, Debug)]
 pub struct IntakeArgs {
-    #[command(flatten)]
-    platform: PlatformArgs,
-    /// Topic nodes are queued on.
-    #[arg(long, global = true, default_value = kiln_queue::NODES_TOPIC)]
-    topic: String,
-    /// Extra librdkafka producer setting (repeatable), e.g. linger.ms=20 or sasl.username=U;
-    /// secrets (sasl.password, ...) only in --kafka-config-file.
-    #[arg(long = "kafka-config", global = true, value_name = "KEY=VALUE")]
-    kafka_config: Vec<String>,
-    /// File of librdkafka producer settings, one KEY=VALUE per line (`#` starts a comment),
-    /// applied before --kafka-config: the place for sasl.password, which must not be a flag.
-    #[arg(long = "kafka-config-file", global = true, value_name = "FILE")]
-    kafka_config_file: Option<PathBuf>,
     #[command(subcommand)]
     command: IntakeCommand,
 }
@@ -38,101 +28,45 @@ pub struct IntakeArgs {
 #[derive(Subcommand, Debug)]
 enum IntakeCommand {
     /// Validate a manifest (CSV, JSON or YAML) and queue every node in it.
-    Register {
-        /// The manifest file.
-        manifest: PathBuf,
-        /// csv, json or yaml [default: from the file's extension].
-        #[arg(long)]
-        format: Option<Format>,
-        /// Require every row to be in this rack.
-        #[arg(long)]
-        rack: Option<String>,
-        /// Print the registration as JSON on stdout instead of the summary.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Serve the HTTP API: POST /v1/racks/{rack}/manifest, GET /healthz.
-    Serve {
-        /// Address to listen on.
-        #[arg(long, default_value = "127.0.0.1:8080")]
-        listen: SocketAddr,
-        #[command(flatten)]
-        web: WebArgs,
-    },
+    Register(RegisterArgs),
+    /// Serve the HTTP API: POST /v1/racks/{rack}/manifest, GET /healthz. Settings come from
+    /// --config FILE, then KILN_INTAKE__<SECTION>__<KEY> variables, then the flags.
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Debug)]
+struct RegisterArgs {
+    /// The manifest file.
+    manifest: PathBuf,
+    /// csv, json or yaml [default: from the file's extension].
+    #[arg(long)]
+    format: Option<Format>,
+    /// Require every row to be in this rack.
+    #[arg(long)]
+    rack: Option<String>,
+    /// Print the registration as JSON on stdout instead of the summary.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    platform: PlatformArgs,
+    #[command(flatten)]
+    producer: ProducerArgs,
 }
 
 pub async fn run(args: IntakeArgs) -> anyhow::Result<()> {
-    match &args.command {
-        IntakeCommand::Register {
-            manifest,
-            format,
-            rack,
-            json,
-        } => register(&args, manifest, *format, rack.as_deref(), *json).await,
-        IntakeCommand::Serve { listen, web } => serve(&args, *listen, web).await,
+    match args.command {
+        IntakeCommand::Register(r) => register(&r).await,
+        IntakeCommand::Serve(s) => {
+            let settings = IntakeSettings::load(&s, std::env::vars())?;
+            tracing::debug!(?settings, "effective settings");
+            serve(&settings, &s.producer).await
+        }
     }
 }
 
-async fn connect(args: &IntakeArgs) -> anyhow::Result<Intake> {
-    let store = Store::connect(&args.platform.store.database_url).await?;
-    let mut config = ProducerConfig::new(&args.platform.bootstrap);
-    config.topic = args.topic.clone();
-    if let Some(file) = &args.kafka_config_file {
-        config.extra.extend(read_kafka_config_file(file)?);
-    }
-    for (i, kv) in args.kafka_config.iter().enumerate() {
-        let Some((k, v)) = kv.split_once('=') else {
-            // Its text is not shown: a mistyped `sasl.password:...` would be a password.
-            bail!(
-                "--kafka-config number {} has no '=': expected KEY=VALUE",
-                i + 1
-            );
-        };
-        // A flag shows in `ps` and shell history: secrets come from the file only.
-        if kiln_queue::is_secret_setting(k) {
-            bail!(
-                "--kafka-config {}: a secret is not taken from the command line; put it in --kafka-config-file",
-                k.trim()
-            );
-        }
-        config
-            .extra
-            .push((k.trim().to_string(), v.trim().to_string()));
-    }
-    let producer = NodeProducer::new(config)?;
+async fn connect(store: Store, producer: ProducerConfig) -> anyhow::Result<Intake> {
+    let producer = NodeProducer::new(producer)?;
     Ok(Intake::new(store, producer))
-}
-
-/// Longest `--kafka-config-file` read, in bytes: librdkafka settings, not data.
-const KAFKA_CONFIG_FILE_BYTES_MAX: u64 = 64 * 1024;
-
-/// `KEY=VALUE` lines; blank lines and `#` comments are skipped, anything else is refused with
-/// its line number (never its text: the line may hold a password).
-fn read_kafka_config_file(path: &Path) -> anyhow::Result<Vec<(String, String)>> {
-    let shown = path.display();
-    let meta = std::fs::metadata(path).with_context(|| format!("--kafka-config-file {shown}"))?;
-    if meta.len() > KAFKA_CONFIG_FILE_BYTES_MAX {
-        bail!("--kafka-config-file {shown} is over {KAFKA_CONFIG_FILE_BYTES_MAX} bytes");
-    }
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("--kafka-config-file {shown}"))?;
-    let mut settings = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        match line.split_once('=') {
-            Some((k, v)) if !k.trim().is_empty() => {
-                settings.push((k.trim().to_string(), v.trim().to_string()))
-            }
-            _ => bail!(
-                "--kafka-config-file {shown} line {}: expected KEY=VALUE",
-                i + 1
-            ),
-        }
-    }
-    Ok(settings)
 }
 
 fn read_manifest(path: &Path) -> anyhow::Result<Vec<u8>> {
@@ -183,15 +117,10 @@ impl Progress for Bar {
     }
 }
 
-async fn register(
-    args: &IntakeArgs,
-    path: &Path,
-    format: Option<Format>,
-    rack: Option<&str>,
-    json: bool,
-) -> anyhow::Result<()> {
+async fn register(args: &RegisterArgs) -> anyhow::Result<()> {
+    let (path, rack, json) = (args.manifest.as_path(), args.rack.as_deref(), args.json);
     let started = Instant::now();
-    let format = match format.or_else(|| Format::from_path(path)) {
+    let format = match args.format.or_else(|| Format::from_path(path)) {
         Some(f) => f,
         None => bail!(
             "cannot tell the format of {} from its extension: pass --format csv|json|yaml",
@@ -207,7 +136,13 @@ async fn register(
             bail!("manifest refused ({} error(s))", errs.count());
         }
     };
-    let intake = connect(args).await?;
+    let mut producer = ProducerConfig::new(&args.platform.bootstrap);
+    if let Some(topic) = &args.producer.topic {
+        producer.topic.clone_from(topic);
+    }
+    producer.extra = args.producer.extra()?;
+    let store = Store::connect(&args.platform.store.database_url).await?;
+    let intake = connect(store, producer).await?;
     let bar = ProgressBar::new(manifest.nodes.len() as u64);
     bar.set_style(
         ProgressStyle::with_template("{msg:>20} [{bar:40}] {pos}/{len} ({elapsed})")
@@ -268,9 +203,22 @@ fn print_summary(path: &Path, reg: &Registration, total_s: f64) {
     );
 }
 
-async fn serve(args: &IntakeArgs, listen: SocketAddr, web: &WebArgs) -> anyhow::Result<()> {
-    let security = web.security("kiln intake", listen)?;
-    let intake = connect(args).await?;
+async fn serve(settings: &IntakeSettings, flags: &ProducerArgs) -> anyhow::Result<()> {
+    let listen: SocketAddr = settings.listen;
+    let security = crate::web_args::web_security(
+        "kiln intake",
+        listen,
+        &settings.https,
+        settings.tokens_file.as_deref(),
+        settings.insecure_no_auth,
+    )?;
+    let producer = settings.producer_config(flags)?;
+    let store = Store::connect_with_password_file(
+        &settings.database_url,
+        settings.database_password_file.as_deref(),
+    )
+    .await?;
+    let intake = connect(store, producer).await?;
     if let Err(e) = intake.producer().check_topic().await {
         tracing::warn!(error = %e, "the node topic is not usable yet; registrations will fail until it is");
     }
@@ -283,9 +231,9 @@ async fn serve(args: &IntakeArgs, listen: SocketAddr, web: &WebArgs) -> anyhow::
         tokens = security.tokens.is_some(),
         authenticated = security.authenticates(),
         "intake listening on {scheme}://{bound} (store {}, bootstrap {}, topic {})",
-        kiln_store::redact_url(&args.platform.store.database_url),
-        args.platform.bootstrap,
-        args.topic
+        kiln_store::redact_url(&settings.database_url),
+        settings.bootstrap,
+        settings.topic
     );
     let intake = Arc::new(intake);
     kiln_intake::http::serve(listener, intake.clone(), &security, shutdown_signal())

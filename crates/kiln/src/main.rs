@@ -6,11 +6,13 @@ mod broker_address;
 mod broker_cmd;
 mod certs_cmd;
 mod dashboard_cmd;
+mod dashboard_settings;
 mod deadletter_cmd;
 mod demo_cmd;
 mod demo_security;
 mod groups_cmd;
 mod intake_cmd;
+mod intake_settings;
 mod nodes_cmd;
 mod platform_args;
 mod playbook_cmd;
@@ -66,7 +68,7 @@ enum Command {
     /// Each rack's nodes by state with progress bars and totals (--watch to follow).
     Status(status_cmd::StatusArgs),
     /// Serve the operators' web dashboard: racks, nodes, checks, dead letters, consumer lag.
-    Dashboard(dashboard_cmd::DashboardArgs),
+    Dashboard(dashboard_settings::DashboardArgs),
     /// Validate playbooks, or run one's checks on this machine (local shell).
     Playbook(playbook_cmd::PlaybookArgs),
     /// On a GPU node: read NVML and the kernel log, print one JSON document.

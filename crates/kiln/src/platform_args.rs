@@ -1,4 +1,4 @@
-//! The store and queue flags the platform commands (intake, nodes, dlq) share.
+//! The store and queue flags the platform tools (intake register, nodes, dlq, status) share.
 
 use clap::Args;
 
