@@ -300,6 +300,12 @@ impl Liveness {
     pub fn check(&self, now: Instant, horizon: Duration) -> Check {
         let mut s = self.lock();
         if s.role.state != openraft::ServerState::Leader {
+            // No election comes sooner than `election_min` after the replica last heard of a
+            // leader or stood: a follower its leader beats every round stops here, without
+            // working out its rank (most of a broker's replicas, every round).
+            if quiet_since(&s) + self.timings.election_min > now + horizon {
+                return Check::Idle;
+            }
             return match election_at(&s, self.id, self.stagger, &self.timings) {
                 Some(at) if at <= now + horizon => Check::Stand(at),
                 _ => Check::Idle,
@@ -319,7 +325,11 @@ impl Liveness {
             }
             (false, _) => false,
         };
-        Check::Lead { term, lapsed }
+        Check::Lead {
+            term,
+            voters: s.role.voters.clone(),
+            lapsed,
+        }
     }
 
     /// Times this replica, leading, lost its lease within its term.
@@ -352,24 +362,27 @@ impl Liveness {
         self.lock().may_stand = may;
     }
 
-    /// Leader: whether every follower held and had applied the log through `applied` in
-    /// `term` at the last beat.
-    pub fn is_quiet(&self, term: u64, applied: LogId) -> bool {
-        self.lock().quiet == Some((term, applied))
-    }
-
-    /// Leader: whether its log stood still since the last round (no entry appended, none
-    /// applied), which this one becomes. A group still being written needs no heartbeat: its
-    /// next append carries the commit index and restarts a replication that failed. One that
-    /// stopped needs one: so that its followers learn the commit of its last entry and the
-    /// group can go quiet, and so that an entry whose replication failed is sent again
-    /// (openraft retries a failed AppendEntries only when something new is to be sent).
-    pub fn stood_still(&self, term: u64, last_log: Option<u64>, applied: Option<LogId>) -> bool {
+    /// Leader, once a round, under one lock: whether it is quiet (every follower held and had
+    /// applied the log through `applied` in `term` at the last beat), and whether its log
+    /// stood still since the last round (no entry appended, none applied), which this one
+    /// becomes. A group still being written needs no heartbeat: its next append carries the
+    /// commit index and restarts a replication that failed. One that stopped needs one: so
+    /// that its followers learn the commit of its last entry and the group can go quiet, and
+    /// so that an entry whose replication failed is sent again (openraft retries a failed
+    /// AppendEntries only when something new is to be sent).
+    pub fn lead_round(
+        &self,
+        term: u64,
+        last_log: Option<u64>,
+        last_applied: Option<LogId>,
+        applied: Option<LogId>,
+    ) -> LeadRound {
         let mut s = self.lock();
-        let now = Some((term, last_log, applied));
+        let quiet = applied.is_some_and(|a| s.quiet == Some((term, a)));
+        let now = Some((term, last_log, last_applied));
         let still = s.last_round == now;
         s.last_round = now;
-        still
+        LeadRound { quiet, still }
     }
 
     /// Leader: sets (`Some`) or clears the quiet mark after a round of beats.
@@ -379,17 +392,26 @@ impl Liveness {
 }
 
 /// What the pulse does about a replica this round ([`Liveness::check`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Check {
     Idle,
     /// Its election timeout passes at this instant (or passed): stand then, if nothing is
     /// heard meanwhile.
     Stand(Instant),
-    /// It leads `term`; `lapsed`: its lease lapsed since the last check.
+    /// It leads `term` with `voters` (its last known role's); `lapsed`: its lease lapsed
+    /// since the last check.
     Lead {
         term: u64,
+        voters: Arc<[NodeId]>,
         lapsed: bool,
     },
+}
+
+/// A leader's [`Liveness::lead_round`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeadRound {
+    pub quiet: bool,
+    pub still: bool,
 }
 
 /// When a replica stands if it hears nothing more; `None` when it does not stand at all.
@@ -401,10 +423,7 @@ fn election_at(s: &State, id: NodeId, stagger: u64, timings: &Timings) -> Option
     if !s.may_stand || !standing || !s.role.voters.contains(&id) {
         return None;
     }
-    let quiet_since = match s.heard {
-        Some(h) if h.at > s.since => h.at,
-        _ => s.since,
-    };
+    let quiet_since = quiet_since(s);
     let range = timings.election_max - timings.election_min;
     let mut wait = timings.election_min;
     match (s.role.committed, s.heard) {
@@ -445,6 +464,14 @@ fn election_at(s: &State, id: NodeId, stagger: u64, timings: &Timings) -> Option
         wait += timings.election_max * 2;
     }
     Some(quiet_since + wait)
+}
+
+/// When the replica last heard of a leader, or stood itself: its election clock starts there.
+fn quiet_since(s: &State) -> Instant {
+    match s.heard {
+        Some(h) if h.at > s.since => h.at,
+        _ => s.since,
+    }
 }
 
 /// A 64-bit mixer (splitmix64's finalizer): orders followers by group.
@@ -687,19 +714,17 @@ mod tests {
     #[test]
     fn a_log_that_stood_still_for_a_round_is_noticed() {
         let l = Liveness::new(1, timings(), 7);
+        let still = |term, last, applied| l.lead_round(term, last, applied, None).still;
+        assert!(!still(2, Some(5), Some(log(2, 4))), "the first round");
         assert!(
-            !l.stood_still(2, Some(5), Some(log(2, 4))),
-            "the first round"
-        );
-        assert!(
-            l.stood_still(2, Some(5), Some(log(2, 4))),
+            still(2, Some(5), Some(log(2, 4))),
             "entry 5 is stuck unapplied"
         );
-        assert!(!l.stood_still(2, Some(6), Some(log(2, 4))), "appended");
-        assert!(!l.stood_still(2, Some(6), Some(log(2, 6))), "applied");
-        assert!(l.stood_still(2, Some(6), Some(log(2, 6))));
+        assert!(!still(2, Some(6), Some(log(2, 4))), "appended");
+        assert!(!still(2, Some(6), Some(log(2, 6))), "applied");
+        assert!(still(2, Some(6), Some(log(2, 6))));
         assert!(
-            !l.stood_still(3, Some(6), Some(log(2, 6))),
+            !still(3, Some(6), Some(log(2, 6))),
             "a new term starts over"
         );
     }
@@ -714,7 +739,11 @@ mod tests {
         assert_eq!(l.check(t0, h), Check::Idle, "an election timeout away");
         assert!(matches!(l.check(t0, Duration::from_secs(1)), Check::Stand(at) if at > t0));
         l.set_role(role(openraft::ServerState::Leader, 1, true));
-        let lead = |lapsed| Check::Lead { term: 1, lapsed };
+        let lead = |lapsed| Check::Lead {
+            term: 1,
+            voters: Arc::from(vec![1, 2, 3]),
+            lapsed,
+        };
         assert_eq!(l.check(t0, h), lead(false), "never held: no lapse");
         l.acked(1, 2, t0);
         assert_eq!(l.check(t0, h), lead(false), "held");
@@ -722,9 +751,11 @@ mod tests {
         assert_eq!(l.check(late, h), lead(true), "lapsed");
         assert_eq!(l.check(late, h), lead(false), "counted once");
         assert_eq!(l.lapses(), 1);
-        assert!(!l.is_quiet(1, log(1, 1)));
+        let quiet = |applied| l.lead_round(1, Some(1), Some(log(1, 1)), applied).quiet;
+        assert!(!quiet(Some(log(1, 1))));
         l.set_quiet(Some((1, log(1, 1))));
-        assert!(l.is_quiet(1, log(1, 1)));
-        assert!(!l.is_quiet(1, log(1, 2)));
+        assert!(quiet(Some(log(1, 1))));
+        assert!(!quiet(Some(log(1, 2))));
+        assert!(!quiet(None), "something unapplied is never quiet");
     }
 }

@@ -14,7 +14,7 @@ use openraft::{Config, RaftMetrics, RaftNetworkFactory, ServerState, SnapshotPol
 use tokio::time::Instant;
 
 use crate::guard::{GuardedNetwork, ReplicaHealth};
-use crate::liveness::{Check, Liveness, Role, Timings};
+use crate::liveness::{Check, LeadRound, Liveness, Role, Timings};
 use crate::log_store::{LogRecovery, LogStore};
 use crate::payload::Command;
 use crate::proposer::Proposer;
@@ -45,12 +45,12 @@ pub enum PulseDue {
     /// It leads `term` but its Raft core is stuck in a write: no beat, no heartbeat, so that
     /// its followers elect another.
     Stuck { term: u64, lapsed: bool },
-    /// It leads `term`: make it heard by `followers`; `applied` when its whole log is applied
-    /// (the log id a follower must hold for the group to be quiet).
+    /// It leads `term`: make it heard by its other `voters`; `applied` when its whole log is
+    /// applied (the log id a follower must hold for the group to be quiet).
     Lead {
         term: u64,
         applied: Option<LogId>,
-        followers: Vec<NodeId>,
+        voters: Arc<[NodeId]>,
         /// Every follower held and had applied `applied` at the last beat: no heartbeat due.
         quiet: bool,
         /// Not quiet, and its log stood still since the last round: an openraft heartbeat is
@@ -654,10 +654,14 @@ impl ReplicatedPartition {
     /// What the pulse should do about this replica at `now`, once per round (`pulse.rs`);
     /// `round`: the time to the next. As a leader, a lapse of its lease is counted here.
     pub fn pulse_due(&self, now: Instant, round: std::time::Duration) -> PulseDue {
-        let (term, lapsed) = match self.liveness.check(now, round) {
+        let (term, voters, lapsed) = match self.liveness.check(now, round) {
             Check::Idle => return PulseDue::Idle,
             Check::Stand(at) => return PulseDue::Stand(at),
-            Check::Lead { term, lapsed } => (term, lapsed),
+            Check::Lead {
+                term,
+                voters,
+                lapsed,
+            } => (term, voters, lapsed),
         };
         // A leader whose Raft core is stuck in a write (a full or stalled disk) sends nothing
         // of its own; beats must not keep it leader either, or its followers never elect
@@ -680,13 +684,13 @@ impl ReplicatedPartition {
             (m.last_log_index, m.last_applied)
         };
         let applied = last_applied.filter(|a| last_log == Some(a.index));
-        let voters = self.liveness.role().voters;
-        let quiet = applied.is_some_and(|a| self.liveness.is_quiet(term, a));
-        let still = self.liveness.stood_still(term, last_log, last_applied);
+        let LeadRound { quiet, still } =
+            self.liveness
+                .lead_round(term, last_log, last_applied, applied);
         PulseDue::Lead {
             term,
             applied,
-            followers: voters.iter().copied().filter(|&v| v != self.id).collect(),
+            voters,
             quiet,
             heartbeat: !quiet && still,
             lapsed,

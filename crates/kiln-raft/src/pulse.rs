@@ -26,7 +26,8 @@
 //! * **Lease lapses.** Every round, each leader's lease is looked at, and a lapse counted.
 //!
 //! A round costs a lock or two per replica and a message per peer: at 3,000 partitions on
-//! three brokers, about 10 ms of CPU a second per broker (`kiln-bench partitions`).
+//! three brokers, an idle broker spends 5-6 % of a core in all (`kiln-bench partitions`,
+//! docs/benchmarks.md), most of it on these rounds.
 //!
 //! The transport of beats is a [`PulseNetwork`]: the broker's connection per peer
 //! (`net::Mesh`) in production, the simulated network in the simulation. Each beat is bounded
@@ -87,8 +88,9 @@ pub trait PulseNetwork: Send + Sync + 'static {
 
 /// The replicas a broker runs.
 pub trait PulseGroups: Send + Sync + 'static {
-    /// Calls `f` with every replica this broker runs now and its group name.
-    fn each(&self, f: &mut dyn FnMut(&str, &ReplicatedPartition));
+    /// Calls `f` with every replica this broker runs now and its group name (shared, so that
+    /// a beat item costs no copy of it).
+    fn each(&self, f: &mut dyn FnMut(&Arc<str>, &ReplicatedPartition));
 }
 
 /// Runs the pulse of broker `node` until the task is aborted.
@@ -121,7 +123,7 @@ pub async fn run(
             PulseDue::Lead {
                 term,
                 applied,
-                followers,
+                voters,
                 quiet: _,
                 heartbeat,
                 lapsed,
@@ -130,14 +132,14 @@ pub async fn run(
                     self::lapsed(name, term, &timings);
                 }
                 let item = BeatItem {
-                    group: Arc::from(name),
+                    group: name.clone(),
                     term,
                     applied,
                 };
                 leading.push(Led {
                     replica: replica.clone(),
                     item,
-                    followers,
+                    voters,
                     heartbeat,
                 });
             }
@@ -186,7 +188,8 @@ fn lock(busy: &Mutex<BTreeSet<NodeId>>) -> MutexGuard<'_, BTreeSet<NodeId>> {
 struct Led {
     replica: ReplicatedPartition,
     item: BeatItem,
-    followers: Vec<NodeId>,
+    /// The group's voters, this broker among them: the others are beaten.
+    voters: Arc<[NodeId]>,
     /// An openraft heartbeat is due (`PulseDue::Lead`).
     heartbeat: bool,
 }
@@ -207,11 +210,14 @@ async fn beat_round(
         // Fire and forget: openraft only queues the command.
         let _ = led.replica.raft().trigger().heartbeat().await;
     }
-    // Per peer, the indexes into `leading` of the groups it follows.
+    // Per peer, the indexes into `leading` of the groups it follows; per group, how many
+    // followers it has.
     let mut by_peer: BTreeMap<NodeId, Vec<usize>> = BTreeMap::new();
+    let mut followers = vec![0usize; leading.len()];
     for (i, led) in leading.iter().enumerate() {
-        for &peer in &led.followers {
+        for &peer in led.voters.iter().filter(|&&v| v != node) {
             by_peer.entry(peer).or_default().push(i);
+            followers[i] += 1;
         }
     }
     let deadline = sent + lease;
@@ -269,11 +275,11 @@ async fn beat_round(
             }
         }
     }
-    for (led, n) in leading.iter().zip(caught_up) {
+    for ((led, n), want) in leading.iter().zip(caught_up).zip(followers) {
         let quiet = led
             .item
             .applied
-            .filter(|_| n == led.followers.len())
+            .filter(|_| n == want)
             .map(|applied| (led.item.term, applied));
         led.replica.liveness().set_quiet(quiet);
     }

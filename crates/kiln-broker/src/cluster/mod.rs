@@ -143,7 +143,7 @@ pub struct Cluster {
     replicas_dir: PathBuf,
     log_defaults: LogSettings,
     default_max_batch_bytes: usize,
-    groups: RwLock<HashMap<String, Arc<Replica>>>,
+    groups: RwLock<HashMap<Arc<str>, Arc<Replica>>>,
     topics: RwLock<BTreeMap<String, Arc<ClusterTopic>>>,
     pub metadata: Arc<Replica>,
     metadata_table: Arc<MetadataTable>,
@@ -186,7 +186,7 @@ struct Groups(Arc<Cluster>);
 struct Pulse(Arc<Cluster>);
 
 impl kiln_raft::pulse::PulseGroups for Pulse {
-    fn each(&self, f: &mut dyn FnMut(&str, &kiln_raft::ReplicatedPartition)) {
+    fn each(&self, f: &mut dyn FnMut(&Arc<str>, &kiln_raft::ReplicatedPartition)) {
         for replica in read(&self.0.groups).values() {
             f(&replica.group, &replica.partition);
         }
@@ -753,7 +753,7 @@ impl Cluster {
         };
         let Some(topic) = removed else { return };
         for r in topic.replicas.iter().flatten() {
-            write(&self.groups).remove(&r.group);
+            write(&self.groups).remove(&*r.group);
             r.partition.shutdown().await;
         }
         let dir = self.replicas_dir.join(id.to_string());

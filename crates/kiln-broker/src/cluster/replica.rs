@@ -12,8 +12,9 @@ use kiln_raft::{GroupKind, NodeId, PartitionError, Proposer, ReplicatedPartition
 
 /// A replica hosted by this broker.
 pub struct Replica {
-    /// The group's name on the Raft transport, e.g. `<topic id>/3`.
-    pub group: String,
+    /// The group's name on the Raft transport, e.g. `<topic id>/3` (shared with every beat
+    /// that carries it: `kiln_raft::pulse`).
+    pub group: Arc<str>,
     /// Broker ids holding a replica, the preferred leader first.
     pub members: Vec<i32>,
     pub partition: ReplicatedPartition,
@@ -179,7 +180,7 @@ pub async fn open(p: OpenParams) -> Result<Arc<Replica>, PartitionError> {
     ));
     tracing::info!(group = %p.group, entries = recovery.entries(), members = ?p.members, "replica open");
     Ok(Arc::new(Replica {
-        group: p.group,
+        group: Arc::from(p.group),
         members: p.members,
         partition,
         dir: p.dir,

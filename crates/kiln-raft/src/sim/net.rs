@@ -272,7 +272,7 @@ pub(super) struct SimBroker {
 }
 
 impl PulseGroups for SimBroker {
-    fn each(&self, f: &mut dyn FnMut(&str, &ReplicatedPartition)) {
+    fn each(&self, f: &mut dyn FnMut(&Arc<str>, &ReplicatedPartition)) {
         let replicas: Vec<(usize, ReplicatedPartition)> = self
             .router
             .lock()
@@ -282,7 +282,7 @@ impl PulseGroups for SimBroker {
             .map(|((g, _), r)| (*g, r.clone()))
             .collect();
         for (group, replica) in replicas {
-            f(&group_name(group), &replica);
+            f(&Arc::from(group_name(group)), &replica);
         }
     }
 }
