@@ -295,6 +295,44 @@ fn leaders_from(client: &BaseConsumer, partitions: i32) -> anyhow::Result<Vec<i3
     Ok(leaders)
 }
 
+/// One broker's Metadata for `partition`, and its high watermark read through that broker
+/// alone, as one line.
+fn describe_partition(addr: &str, partition: i32) -> String {
+    let client = match metadata_client(addr) {
+        Ok(c) => c,
+        Err(e) => return format!("{e:#}"),
+    };
+    let md = match client.fetch_metadata(Some(TOPIC), Duration::from_secs(5)) {
+        Ok(md) => md,
+        Err(e) => return format!("metadata: {e}"),
+    };
+    let Some(topic) = md.topics().first() else {
+        return "no topic in the metadata".to_string();
+    };
+    let part = topic
+        .partitions()
+        .iter()
+        .find(|p| p.id() == partition)
+        .map_or_else(
+            || format!("absent ({} partitions listed)", topic.partitions().len()),
+            |p| {
+                format!(
+                    "leader {} error {:?} isr {:?} replicas {:?}",
+                    p.leader(),
+                    p.error(),
+                    p.isr(),
+                    p.replicas()
+                )
+            },
+        );
+    let brokers: Vec<i32> = md.brokers().iter().map(|b| b.id()).collect();
+    let watermarks = client.fetch_watermarks(TOPIC, partition, Duration::from_secs(5));
+    format!(
+        "topic error {:?}; {part}; brokers {brokers:?}; watermarks {watermarks:?}",
+        topic.error()
+    )
+}
+
 fn current_leaders(bootstrap: &str, partitions: i32) -> anyhow::Result<Vec<i32>> {
     leaders_from(&metadata_client(bootstrap)?, partitions)
 }
@@ -382,9 +420,14 @@ fn check_nothing_lost(
                     std::thread::sleep(FAILOVER_POLL);
                 }
                 Err(e) => {
+                    // What each survivor says of the partition, asked alone: which of them
+                    // does not name a leader, or names one that will not answer.
+                    for addr in &survivors {
+                        println!("  {addr} on partition {p}: {}", describe_partition(addr, p));
+                    }
                     return Err(e).with_context(|| {
                         format!("reading partition {p}'s high watermark for {WATERMARK_TIMEOUT:?}")
-                    })
+                    });
                 }
             }
         };
