@@ -54,7 +54,7 @@ pub enum PulseDue {
         /// Every follower held and had applied `applied` at the last beat: no heartbeat due.
         quiet: bool,
         /// Not quiet, and its log stood still since the last round: an openraft heartbeat is
-        /// due (see `Liveness::stood_still`).
+        /// due (see `Liveness::lead_round`).
         heartbeat: bool,
         /// Its lease lapsed since the last check (counted in [`Liveness::lapses`]).
         lapsed: bool,
