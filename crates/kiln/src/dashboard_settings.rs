@@ -11,6 +11,7 @@ use kiln_settings::Service;
 use serde::{Deserialize, Serialize};
 
 use crate::broker_address::BrokerLogin;
+use crate::settings::{over, over_some};
 use crate::web_args::{HttpsSettings, WebArgs};
 
 /// `Debug` shows `database_url` without its password and no SASL password.
@@ -157,16 +158,6 @@ impl DashboardSettings {
         let mut s: DashboardSettings =
             kiln_settings::load(Service::Dashboard, args.config.as_deref(), env)
                 .context("reading dashboard settings")?;
-        fn over<T: Clone>(setting: &mut T, flag: &Option<T>) {
-            if let Some(v) = flag {
-                *setting = v.clone();
-            }
-        }
-        fn over_some<T: Clone>(setting: &mut Option<T>, flag: &Option<T>) {
-            if flag.is_some() {
-                setting.clone_from(flag);
-            }
-        }
         over(&mut s.listen, &args.listen);
         over(&mut s.database_url, &args.database_url);
         over(&mut s.bootstrap, &args.bootstrap);
@@ -206,23 +197,10 @@ impl DashboardSettings {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
-    use std::io::Write;
     use std::path::Path;
 
     use super::*;
-
-    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    fn file(text: &str) -> tempfile::NamedTempFile {
-        let mut f = tempfile::NamedTempFile::new().unwrap();
-        f.write_all(text.as_bytes()).unwrap();
-        f
-    }
+    use crate::settings::test_support::{env, file};
 
     fn with_config(f: &tempfile::NamedTempFile) -> DashboardArgs {
         DashboardArgs {

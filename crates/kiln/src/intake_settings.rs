@@ -12,6 +12,7 @@ use kiln_queue::{KafkaSettings, ProducerConfig};
 use kiln_settings::Service;
 use serde::{Deserialize, Serialize};
 
+use crate::settings::over;
 use crate::web_args::{HttpsSettings, WebArgs};
 
 /// `Debug` shows `database_url` without its password and no Kafka password.
@@ -205,18 +206,10 @@ impl IntakeSettings {
         let mut s: IntakeSettings =
             kiln_settings::load(Service::Intake, args.config.as_deref(), env)
                 .context("reading intake settings")?;
-        if let Some(listen) = args.listen {
-            s.listen = listen;
-        }
-        if let Some(url) = &args.database_url {
-            s.database_url.clone_from(url);
-        }
-        if let Some(bootstrap) = &args.bootstrap {
-            s.bootstrap.clone_from(bootstrap);
-        }
-        if let Some(topic) = &args.producer.topic {
-            s.topic.clone_from(topic);
-        }
+        over(&mut s.listen, &args.listen);
+        over(&mut s.database_url, &args.database_url);
+        over(&mut s.bootstrap, &args.bootstrap);
+        over(&mut s.topic, &args.producer.topic);
         args.web
             .apply(&mut s.https, &mut s.tokens_file, &mut s.insecure_no_auth);
         if s.topic.trim().is_empty() || s.bootstrap.trim().is_empty() {
@@ -249,22 +242,9 @@ impl IntakeSettings {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
-    use std::io::Write;
 
     use super::*;
-
-    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    fn file(text: &str) -> tempfile::NamedTempFile {
-        let mut f = tempfile::NamedTempFile::new().unwrap();
-        f.write_all(text.as_bytes()).unwrap();
-        f
-    }
+    use crate::settings::test_support::{env, file};
 
     #[test]
     fn defaults_are_the_flags_defaults() {

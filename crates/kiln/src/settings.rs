@@ -1,6 +1,7 @@
 //! Broker settings: `kiln_settings::load` (defaults, the TOML file, then
 //! `KILN_BROKER__<SECTION>__<KEY>` variables, e.g. `KILN_BROKER__LOG__RETENTION_MS=3600000`),
-//! then flags.
+//! then flags; and what every service's flags-over-settings step shares (`over`,
+//! `over_some`, and the tests' `test_support`).
 
 use anyhow::Context;
 use kiln_broker::BrokerConfig;
@@ -12,25 +13,31 @@ pub fn broker_config(args: &BrokerArgs) -> anyhow::Result<BrokerConfig> {
     broker_config_from(args, std::env::vars())
 }
 
+/// A flag that was given replaces its setting.
+pub fn over<T: Clone>(setting: &mut T, flag: &Option<T>) {
+    if let Some(v) = flag {
+        *setting = v.clone();
+    }
+}
+
+/// A flag that was given replaces its optional setting.
+pub fn over_some<T: Clone>(setting: &mut Option<T>, flag: &Option<T>) {
+    if flag.is_some() {
+        setting.clone_from(flag);
+    }
+}
+
 fn broker_config_from(
     args: &BrokerArgs,
-    env: impl Iterator<Item = (String, String)>,
+    env: impl IntoIterator<Item = (String, String)>,
 ) -> anyhow::Result<BrokerConfig> {
     let mut config: BrokerConfig =
         kiln_settings::load(Service::Broker, args.config.as_deref(), env)
             .context("reading broker settings")?;
-    if let Some(listen) = args.listen {
-        config.listen = listen;
-    }
-    if let Some(a) = &args.advertised_address {
-        config.advertised_address = Some(a.clone());
-    }
-    if let Some(dir) = &args.data_dir {
-        config.data_dir = dir.clone();
-    }
-    if let Some(id) = args.node_id {
-        config.node_id = id;
-    }
+    over(&mut config.listen, &args.listen);
+    over_some(&mut config.advertised_address, &args.advertised_address);
+    over(&mut config.data_dir, &args.data_dir);
+    over(&mut config.node_id, &args.node_id);
     if args.auto_create_topics {
         config.auto_create_topics = true;
     }
@@ -38,19 +45,34 @@ fn broker_config_from(
     Ok(config)
 }
 
+/// What the settings tests of every service share.
 #[cfg(test)]
-mod tests {
+pub mod test_support {
     #![allow(clippy::unwrap_used)]
-    use super::*;
     use std::io::Write;
 
-    fn env(pairs: &[(&str, &str)]) -> impl Iterator<Item = (String, String)> {
+    /// Variables as `std::env::vars` gives them.
+    pub fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect::<Vec<_>>()
-            .into_iter()
+            .collect()
     }
+
+    /// A settings file holding `text`, removed when dropped.
+    pub fn file(text: &str) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+        f
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::test_support::env;
+    use super::*;
+    use std::io::Write;
 
     #[test]
     fn defaults_need_no_file() {
