@@ -278,7 +278,10 @@ DAMAGE_VALUE_BYTES = 300
 
 @pytest.fixture
 def cluster(request, tmp_path):
-    yield from cluster_fixture(request, tmp_path, metrics=True)
+    # The test moves leadership to X on purpose and reads through X: the leader balance would
+    # hand it back to each partition's preferred replica meanwhile (test_leader_balance.py).
+    yield from cluster_fixture(request, tmp_path, metrics=True,
+                               cluster_settings={"auto_leader_rebalance": False})
 
 
 @pytest.mark.timeout(120)

@@ -382,6 +382,17 @@ fn failover(
     }
     let mut times: Vec<Duration> = led.iter().filter_map(|&i| moved_at[i]).collect();
     times.sort();
+    // The shape, not only the middle and the end: when the last groups elect tells whether
+    // elections queue behind each other.
+    let deciles: Vec<String> = (1..10)
+        .filter_map(|d| times.get(times.len() * d / 10))
+        .map(|t| format!("{:.2}", t.as_secs_f64()))
+        .collect();
+    println!(
+        "  failover of {} partitions, deciles (s): {}",
+        times.len(),
+        deciles.join(" ")
+    );
     let median = times.get(times.len() / 2).copied().unwrap_or_default();
     let max = times.last().copied().unwrap_or_default();
     Ok((led.len(), median, max))
@@ -418,6 +429,13 @@ fn check_nothing_lost(
                     retried += 1;
                     last_retry = format!("partition {p}: {e}");
                     std::thread::sleep(FAILOVER_POLL);
+                    // librdkafka's watermark query takes a cached "no leader" (a survivor
+                    // that had not yet heard from the new leader when the topic was first
+                    // asked) as final and never asks again; it answers UNKNOWN_PARTITION for
+                    // as long as the cache lives (`metadata.max.age.ms`, 15 minutes). A
+                    // producer refreshes such a partition's metadata itself; this asks for it
+                    // the same way. Its errors are the next try's to report.
+                    let _ = client.fetch_metadata(Some(TOPIC), Duration::from_secs(10));
                 }
                 Err(e) => {
                     // What each survivor says of the partition, asked alone: which of them

@@ -317,6 +317,14 @@ pub struct ClusterSettings {
     /// Raft connections one peer may hold open at once (about one per partition the two
     /// brokers share); more are refused and logged.
     pub raft_connections_per_peer_max: usize,
+    /// Hand leadership back to each partition's preferred replica (its first) once that
+    /// broker is back and in sync (Kafka's `auto.leader.rebalance.enable`). Each handover
+    /// pauses the partition's writes for about a second (`cluster/rebalance.rs`).
+    pub auto_leader_rebalance: bool,
+    /// How often each broker looks for partitions to hand back.
+    pub leader_rebalance_interval_ms: u64,
+    /// Handovers one broker runs at once.
+    pub leader_handovers_max: usize,
 }
 
 /// One `[[cluster.peers]]` entry.
@@ -347,6 +355,9 @@ impl Default for ClusterSettings {
             link_cuts: None,
             tls: None,
             raft_connections_per_peer_max: kiln_raft::net::CONNECTIONS_PER_PEER_MAX,
+            auto_leader_rebalance: true,
+            leader_rebalance_interval_ms: 30_000,
+            leader_handovers_max: 64,
         }
     }
 }
@@ -400,6 +411,19 @@ impl ClusterSettings {
         }
         if self.raft_connections_per_peer_max == 0 {
             return Err("cluster.raft_connections_per_peer_max must be at least 1".into());
+        }
+        if self.leader_rebalance_interval_ms < 100 {
+            return Err(format!(
+                "cluster.leader_rebalance_interval_ms must be at least 100, got {}",
+                self.leader_rebalance_interval_ms
+            ));
+        }
+        if self.leader_handovers_max == 0 {
+            return Err(
+                "cluster.leader_handovers_max must be at least 1 (turn handovers off with \
+                 cluster.auto_leader_rebalance = false)"
+                    .into(),
+            );
         }
         Ok(())
     }
@@ -715,6 +739,28 @@ mod tests {
             }],
             ..ClusterSettings::default()
         }
+    }
+
+    #[test]
+    fn leader_balance_settings_are_checked() {
+        assert_eq!(one_peer().validate(1), Ok(()));
+        let e = ClusterSettings {
+            leader_rebalance_interval_ms: 99,
+            ..one_peer()
+        }
+        .validate(1)
+        .unwrap_err();
+        assert!(
+            e.contains("leader_rebalance_interval_ms must be at least 100"),
+            "{e}"
+        );
+        let e = ClusterSettings {
+            leader_handovers_max: 0,
+            ..one_peer()
+        }
+        .validate(1)
+        .unwrap_err();
+        assert!(e.contains("auto_leader_rebalance = false"), "{e}");
     }
 
     #[test]

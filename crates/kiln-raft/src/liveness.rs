@@ -40,9 +40,20 @@
 //! thousand groups then elect with hardly a split vote, and their new leaders spread over the
 //! survivors.
 //!
-//! **Quiet groups.** A leader whose followers all reported holding and having applied its
-//! whole log, as of the log's current end, needs to send them nothing but the beat: the
-//! `quiet` mark says so until the log moves or a follower reports otherwise.
+//! **Handing over** ([`Liveness::hand_over`]). A leader hands its group to another voter (the
+//! preferred replica, when leadership is rebalanced) without an election timeout's worth of
+//! refusals on top: it stops taking new writes at once (`yielding`: clients are told there is
+//! no leader), beats on until the successor reports holding and having applied its whole log
+//! (so every write it took commits and is answered), then falls silent. The successor stands
+//! first once the vote lease has passed, because a group's preferred replica heads the order
+//! its followers stand in (`preferred`), and being caught up, wins. A handover that has not
+//! ended in another leader within [`Timings::handover_max`] is given up and the leader serves
+//! again. Its lease lapses meanwhile without counting as a lapse.
+//!
+//! **Quiet groups.** A leader whose followers that answered its last beat all reported holding
+//! and having applied its whole log, as of the log's current end, and are a majority with it,
+//! needs to send them nothing but the beat: the `quiet` mark says so until the log moves or a
+//! follower reports otherwise (`pulse.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -113,6 +124,32 @@ impl Timings {
     fn margin(&self) -> Duration {
         self.heartbeat * 3 / 2
     }
+
+    /// Longest a handover may take before it is given up (see the module docs): the
+    /// successor's catching up, the vote lease and its election timeout, four times over.
+    pub fn handover_max(&self) -> Duration {
+        (self.vote_lease() + self.election_max) * 4
+    }
+}
+
+/// A leader's handover of its group (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Handover {
+    /// The term it leads, in which it hands over.
+    term: u64,
+    to: NodeId,
+    since: Instant,
+    /// When the successor reported holding its whole log and the leader fell silent.
+    released: Option<Instant>,
+}
+
+/// Where a leader's handover stands, as the pulse sees it ([`Check::Lead`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handing {
+    /// Beating on until `to` holds and has applied the whole log.
+    Draining { to: NodeId },
+    /// Silent: its followers' leases run out and `to` stands first.
+    Released,
 }
 
 /// What openraft last said of a replica's role: kept here so the pulse's checks, thousands a
@@ -146,6 +183,9 @@ pub struct Liveness {
     timings: Timings,
     /// The same on every replica of the group: orders its followers after a leader dies.
     stagger: u64,
+    /// The voter clients should find leading (the first of the partition's replicas): it
+    /// stands first among its leader's followers when the leader falls silent.
+    preferred: Option<NodeId>,
     state: Mutex<State>,
 }
 
@@ -172,6 +212,8 @@ struct State {
     /// Leader: the term in which it last held its lease, for counting lapses.
     held_in: Option<u64>,
     lapses: u64,
+    /// Leader: its handover under way, if any.
+    handover: Option<Handover>,
 }
 
 impl Liveness {
@@ -182,6 +224,7 @@ impl Liveness {
             id,
             timings,
             stagger,
+            preferred: None,
             state: Mutex::new(State {
                 role: Role {
                     state: openraft::ServerState::Learner,
@@ -200,8 +243,19 @@ impl Liveness {
                 greater_log: false,
                 held_in: None,
                 lapses: 0,
+                handover: None,
             }),
         }
+    }
+
+    /// Names the group's preferred replica (see [`Liveness::hand_over`]).
+    pub fn with_preferred(mut self, preferred: Option<NodeId>) -> Liveness {
+        self.preferred = preferred;
+        self
+    }
+
+    pub fn preferred(&self) -> Option<NodeId> {
+        self.preferred
     }
 
     pub fn timings(&self) -> Timings {
@@ -213,9 +267,68 @@ impl Liveness {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// openraft's view of this replica's role changed.
+    /// openraft's view of this replica's role changed. A handover ends with the term or the
+    /// leadership it was made in.
     pub fn set_role(&self, role: Role) {
-        self.lock().role = role;
+        let mut s = self.lock();
+        if let Some(h) = s.handover {
+            if role.state != openraft::ServerState::Leader || role.term != h.term {
+                tracing::info!(
+                    to = h.to,
+                    term = h.term,
+                    now_term = role.term,
+                    "leadership handed over"
+                );
+                s.handover = None;
+            }
+        }
+        s.role = role;
+    }
+
+    /// Leader of `term` (by its last known role), at `now`: hands its group to voter `to` (see
+    /// the module docs). An error says why not: not leading that term, `to` not another
+    /// voter, or a handover already under way.
+    pub fn hand_over(&self, term: u64, to: NodeId, now: Instant) -> Result<(), String> {
+        let mut s = self.lock();
+        if s.role.state != openraft::ServerState::Leader || s.role.term != term {
+            return Err(format!("node {} does not lead term {term}", self.id));
+        }
+        if to == self.id || !s.role.voters.contains(&to) {
+            return Err(format!(
+                "node {to} is not another voter of this group ({:?})",
+                s.role.voters
+            ));
+        }
+        if let Some(h) = s.handover {
+            return Err(format!(
+                "already handing over to node {} since term {}",
+                h.to, h.term
+            ));
+        }
+        s.handover = Some(Handover {
+            term,
+            to,
+            since: now,
+            released: None,
+        });
+        Ok(())
+    }
+
+    /// Whether this replica, leading `term`, is handing its group over: it takes no new writes
+    /// and names no leader to clients.
+    pub fn handing_over(&self, term: u64) -> bool {
+        self.lock().handover.is_some_and(|h| h.term == term)
+    }
+
+    /// The successor `to` of a handover in `term` reported, at `now`, holding and having
+    /// applied the whole log: the leader falls silent.
+    pub fn successor_caught_up(&self, term: u64, to: NodeId, now: Instant) {
+        let mut s = self.lock();
+        if let Some(h) = s.handover.as_mut() {
+            if h.term == term && h.to == to && h.released.is_none() {
+                h.released = Some(now);
+            }
+        }
     }
 
     pub fn role(&self) -> Role {
@@ -306,13 +419,47 @@ impl Liveness {
             if quiet_since(&s) + self.timings.election_min > now + horizon {
                 return Check::Idle;
             }
-            return match election_at(&s, self.id, self.stagger, &self.timings) {
+            return match election_at(&s, self.id, self.stagger, self.preferred, &self.timings) {
                 Some(at) if at <= now + horizon => Check::Stand(at),
                 _ => Check::Idle,
             };
         }
         let term = s.role.term;
+        let handing = match s.handover {
+            Some(h) if h.term != term => {
+                s.handover = None;
+                None
+            }
+            Some(h) if now.saturating_duration_since(h.since) > self.timings.handover_max() => {
+                tracing::warn!(
+                    to = h.to,
+                    term,
+                    waited_ms = now.saturating_duration_since(h.since).as_millis(),
+                    "handover given up: the successor did not catch up or was not elected; \
+                     leading on"
+                );
+                s.handover = None;
+                // The lease lapsed while silent on purpose: not a lapse to count.
+                s.held_in = None;
+                None
+            }
+            Some(h) => Some(match h.released {
+                None => Handing::Draining { to: h.to },
+                Some(_) => Handing::Released,
+            }),
+            None => None,
+        };
         let holds = lease_holds(&s, self.id, self.timings.lease(), term, &s.role.voters, now);
+        if handing.is_some() {
+            // Silent on purpose once released: the lease runs out and is no lapse.
+            s.held_in = None;
+            return Check::Lead {
+                term,
+                voters: s.role.voters.clone(),
+                lapsed: false,
+                handing,
+            };
+        }
         let lapsed = match (holds, s.held_in) {
             (true, _) => {
                 s.held_in = Some(term);
@@ -329,6 +476,7 @@ impl Liveness {
             term,
             voters: s.role.voters.clone(),
             lapsed,
+            handing: None,
         }
     }
 
@@ -341,7 +489,14 @@ impl Liveness {
     /// stands (by its last known role) whose election timeout passed. Never while standing is
     /// off.
     pub fn election_due(&self, now: Instant) -> bool {
-        election_at(&self.lock(), self.id, self.stagger, &self.timings).is_some_and(|at| at <= now)
+        election_at(
+            &self.lock(),
+            self.id,
+            self.stagger,
+            self.preferred,
+            &self.timings,
+        )
+        .is_some_and(|at| at <= now)
     }
 
     /// The replica stood for election at `now`: the next try waits a fresh draw from here.
@@ -399,11 +554,12 @@ pub enum Check {
     /// heard meanwhile.
     Stand(Instant),
     /// It leads `term` with `voters` (its last known role's); `lapsed`: its lease lapsed
-    /// since the last check.
+    /// since the last check; `handing`: where its handover stands, if it hands over.
     Lead {
         term: u64,
         voters: Arc<[NodeId]>,
         lapsed: bool,
+        handing: Option<Handing>,
     },
 }
 
@@ -415,7 +571,13 @@ pub struct LeadRound {
 }
 
 /// When a replica stands if it hears nothing more; `None` when it does not stand at all.
-fn election_at(s: &State, id: NodeId, stagger: u64, timings: &Timings) -> Option<Instant> {
+fn election_at(
+    s: &State,
+    id: NodeId,
+    stagger: u64,
+    preferred: Option<NodeId>,
+    timings: &Timings,
+) -> Option<Instant> {
     let standing = matches!(
         s.role.state,
         openraft::ServerState::Follower | openraft::ServerState::Candidate
@@ -438,9 +600,11 @@ fn election_at(s: &State, id: NodeId, stagger: u64, timings: &Timings) -> Option
                 .copied()
                 .filter(|&v| v != h.leader)
                 .collect();
-            // The order changes with the term, so leadership does not always pass the same way.
+            // The order changes with the term, so leadership does not always pass the same way;
+            // but the preferred replica goes first, so that a leader handing over to it (or
+            // dying) leaves leadership where clients should find it.
             let order = mix(stagger ^ mix(h.term));
-            followers.sort_by_key(|&v| mix(order ^ v));
+            followers.sort_by_key(|&v| (Some(v) != preferred, mix(order ^ v)));
             let n = u32::try_from(followers.len().max(1)).unwrap_or(u32::MAX);
             let rank = followers.iter().position(|&v| v == id).unwrap_or(0);
             let slice = range / n;
@@ -743,6 +907,7 @@ mod tests {
             term: 1,
             voters: Arc::from(vec![1, 2, 3]),
             lapsed,
+            handing: None,
         };
         assert_eq!(l.check(t0, h), lead(false), "never held: no lapse");
         l.acked(1, 2, t0);
@@ -757,5 +922,100 @@ mod tests {
         assert!(quiet(Some(log(1, 1))));
         assert!(!quiet(Some(log(1, 2))));
         assert!(!quiet(None), "something unapplied is never quiet");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_handover_drains_falls_silent_and_ends_with_the_term_or_gives_up() {
+        let l = Liveness::new(1, timings(), 7);
+        let t0 = Instant::now();
+        let h = Duration::from_millis(150);
+        l.set_role(role(openraft::ServerState::Follower, 1, true));
+        assert!(
+            l.hand_over(1, 2, t0).is_err(),
+            "a follower hands nothing over"
+        );
+        l.set_role(role(openraft::ServerState::Leader, 1, true));
+        assert!(l.hand_over(2, 2, t0).is_err(), "not the term it leads");
+        assert!(l.hand_over(1, 1, t0).is_err(), "not to itself");
+        assert!(l.hand_over(1, 9, t0).is_err(), "not to a non-voter");
+        l.acked(1, 2, t0);
+        assert!(l.leads(1, t0));
+        l.hand_over(1, 2, t0)
+            .expect("leader of term 1 hands over to voter 2");
+        assert!(l.hand_over(1, 3, t0).is_err(), "one handover at a time");
+        assert!(l.handing_over(1));
+        assert!(!l.handing_over(2));
+        let handing = |c: Check| match c {
+            Check::Lead {
+                handing, lapsed, ..
+            } => {
+                assert!(!lapsed, "a handover's silence is no lapse");
+                handing
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(handing(l.check(t0, h)), Some(Handing::Draining { to: 2 }));
+        l.successor_caught_up(1, 3, t0);
+        assert_eq!(
+            handing(l.check(t0, h)),
+            Some(Handing::Draining { to: 2 }),
+            "not the successor"
+        );
+        l.successor_caught_up(1, 2, t0);
+        let later = t0 + Duration::from_secs(1);
+        assert_eq!(
+            handing(l.check(later, h)),
+            Some(Handing::Released),
+            "silent, lease gone"
+        );
+        // The successor won: the handover ends with the leadership.
+        l.set_role(role(openraft::ServerState::Follower, 2, true));
+        assert!(!l.handing_over(1));
+        assert_eq!(l.lapses(), 0);
+
+        // One that does not end in another leader is given up, and the leader serves again.
+        l.set_role(role(openraft::ServerState::Leader, 3, true));
+        l.hand_over(3, 2, later).expect("hands over again");
+        let late = later + l.timings().handover_max() + Duration::from_millis(1);
+        assert_eq!(handing(l.check(late, h)), None, "given up");
+        assert!(!l.handing_over(3));
+        assert_eq!(
+            l.check(late, h),
+            Check::Lead {
+                term: 3,
+                voters: Arc::from(vec![1, 2, 3]),
+                lapsed: false,
+                handing: None,
+            },
+            "its lease was never held since: no lapse"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_preferred_replica_stands_first_when_its_leader_falls_silent() {
+        // Whatever the group and term, follower 2 is first when preferred, and 3 otherwise
+        // in about half the groups.
+        let mut third_first = 0;
+        for stagger in 0..64u64 {
+            let at = |id: NodeId, preferred: Option<NodeId>| {
+                let l = Liveness::new(id, timings(), stagger).with_preferred(preferred);
+                l.set_role(role(openraft::ServerState::Follower, 4, true));
+                let t0 = Instant::now();
+                l.heard(4, 1, t0);
+                l.check(t0, Duration::from_secs(5))
+            };
+            let (Check::Stand(two), Check::Stand(three)) = (at(2, Some(2)), at(3, Some(2))) else {
+                panic!("both followers stand");
+            };
+            assert!(
+                two < three,
+                "group {stagger}: the preferred replica stands first"
+            );
+            let (Check::Stand(two), Check::Stand(three)) = (at(2, None), at(3, None)) else {
+                panic!("both followers stand");
+            };
+            third_first += usize::from(three < two);
+        }
+        assert!((16..=48).contains(&third_first), "{third_first} of 64");
     }
 }

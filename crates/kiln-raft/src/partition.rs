@@ -14,7 +14,7 @@ use openraft::{Config, RaftMetrics, RaftNetworkFactory, ServerState, SnapshotPol
 use tokio::time::Instant;
 
 use crate::guard::{GuardedNetwork, ReplicaHealth};
-use crate::liveness::{Check, LeadRound, Liveness, Role, Timings};
+use crate::liveness::{Check, Handing, LeadRound, Liveness, Role, Timings};
 use crate::log_store::{LogRecovery, LogStore};
 use crate::payload::Command;
 use crate::proposer::Proposer;
@@ -58,6 +58,8 @@ pub enum PulseDue {
         heartbeat: bool,
         /// Its lease lapsed since the last check (counted in [`Liveness::lapses`]).
         lapsed: bool,
+        /// It hands over to this voter, which has yet to report holding its whole log.
+        successor: Option<NodeId>,
     },
 }
 
@@ -287,6 +289,9 @@ pub struct StartOptions {
     pub max_queued_bytes: usize,
     /// A table group snapshots after this many applied entries.
     pub table_snapshot_every: u64,
+    /// The voter clients should find leading (a partition's first replica): it stands first
+    /// when its leader falls silent, and leaders hand over to it (`Liveness::hand_over`).
+    pub preferred: Option<NodeId>,
 }
 
 impl StartOptions {
@@ -320,6 +325,7 @@ impl StartOptions {
             max_entry_bytes: ENTRY_BYTES_MAX,
             max_queued_bytes: PROPOSER_QUEUE_BYTES_MAX,
             table_snapshot_every: crate::state_machine::TABLE_SNAPSHOT_EVERY_ENTRIES,
+            preferred: None,
         }
     }
 }
@@ -369,7 +375,8 @@ impl ReplicatedPartition {
                 config.heartbeat_interval, config.election_timeout_min, config.election_timeout_max
             )));
         }
-        let liveness = Arc::new(Liveness::new(opts.id, timings, opts.stagger));
+        let liveness =
+            Arc::new(Liveness::new(opts.id, timings, opts.stagger).with_preferred(opts.preferred));
         let (store, recovery) =
             LogStore::open(opts.fs, &opts.dir, opts.log, opts.repairable).await?;
         let health = store.health();
@@ -572,9 +579,33 @@ impl ReplicatedPartition {
         self.holds_lease(&self.raft.metrics().borrow(), Instant::now())
     }
 
-    /// Whether `m` is this replica leading with its lease held at `now`.
+    /// Whether `m` is this replica leading with its lease held at `now`, and not handing over
+    /// (`Liveness::hand_over`: clients are told there is no leader meanwhile).
     fn holds_lease(&self, m: &Metrics, now: Instant) -> bool {
-        m.state == ServerState::Leader && self.liveness.leads(m.current_term, now)
+        m.state == ServerState::Leader
+            && self.liveness.leads(m.current_term, now)
+            && !self.liveness.handing_over(m.current_term)
+    }
+
+    /// Hands leadership to voter `to` (`Liveness::hand_over`): this replica takes no new
+    /// writes from now, and `to` is elected once it holds everything and the vote lease has
+    /// passed, about a second. An error says why not (not leading with its lease held, `to`
+    /// not another voter, a handover under way); a handover that does not end in another
+    /// leader is given up on its own.
+    pub fn hand_over(&self, to: NodeId) -> Result<(), String> {
+        let now = Instant::now();
+        let term = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            if !self.holds_lease(&m, now) {
+                return Err(format!(
+                    "node {} does not lead with its lease held",
+                    self.id
+                ));
+            }
+            m.current_term
+        };
+        self.liveness.hand_over(term, to, now)
     }
 
     /// Hands a leader's AppendEntries (which arrived at `arrived`) to openraft and notes that
@@ -654,23 +685,39 @@ impl ReplicatedPartition {
     /// What the pulse should do about this replica at `now`, once per round (`pulse.rs`);
     /// `round`: the time to the next. As a leader, a lapse of its lease is counted here.
     pub fn pulse_due(&self, now: Instant, round: std::time::Duration) -> PulseDue {
-        let (term, voters, lapsed) = match self.liveness.check(now, round) {
+        let (term, voters, lapsed, successor) = match self.liveness.check(now, round) {
             Check::Idle => return PulseDue::Idle,
             Check::Stand(at) => return PulseDue::Stand(at),
+            // Handed over and silent: its followers' leases run out, its successor stands.
+            Check::Lead {
+                handing: Some(Handing::Released),
+                ..
+            } => return PulseDue::Idle,
             Check::Lead {
                 term,
                 voters,
                 lapsed,
-            } => (term, voters, lapsed),
+                handing,
+            } => {
+                let successor = match handing {
+                    Some(Handing::Draining { to }) => Some(to),
+                    _ => None,
+                };
+                (term, voters, lapsed, successor)
+            }
         };
         // A leader whose Raft core is stuck in a write (a full or stalled disk) sends nothing
         // of its own; beats must not keep it leader either, or its followers never elect
-        // another. Not stuck yet if the write began within the last round.
+        // another. Not stuck yet if the write began within a lease: an fsync on a loaded,
+        // shared disk takes a round or two, and a leader that stopped beating for each one
+        // would lose its lease (and its clients) under every burst of load. A stalled disk
+        // costs the lease more before its followers stand.
+        let stuck_after = self.liveness.timings().lease();
         let stuck = self.health.disk_full()
             || self
                 .health
                 .writing_since()
-                .is_some_and(|since| now.saturating_duration_since(since) > round);
+                .is_some_and(|since| now.saturating_duration_since(since) > stuck_after);
         if stuck {
             return PulseDue::Stuck { term, lapsed };
         }
@@ -694,6 +741,7 @@ impl ReplicatedPartition {
             quiet,
             heartbeat: !quiet && still,
             lapsed,
+            successor,
         }
     }
 

@@ -396,7 +396,8 @@ impl Run {
         };
         // A leader whose lease lapsed (`liveness.rs`) proposes nothing: the entry could not
         // commit before another leader may lead, and `leadership_lost` would answer it at once.
-        if state != ServerState::Leader || lapsed {
+        // Nor does one handing over: what it took before commits, nothing more is taken.
+        if state != ServerState::Leader || lapsed || self.liveness.handing_over(term) {
             self.leading = None;
             return Err(PartitionError::NotLeader { leader });
         }

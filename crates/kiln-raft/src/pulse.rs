@@ -12,8 +12,9 @@
 //!   whole applied log (if everything is applied). A follower answers every item in one reply
 //!   ([`crate::ReplicatedPartition::serve_beat`]): accepted (it follows this leader in this
 //!   term: the leader was heard, and the answer counts toward its lease) and caught up (it
-//!   holds and has applied that log). A group whose followers were all caught up at the last
-//!   round and whose log has not moved since is *quiet*: it sends nothing else. A group whose
+//!   holds and has applied that log). A group whose followers that answered were all caught
+//!   up at the last round, a majority with the leader, and whose log has not moved since is
+//!   *quiet*: it sends nothing else. A group whose
 //!   log stood still for a round without being quiet also gets an openraft heartbeat (an empty
 //!   AppendEntries), which carries the commit index of its last entry and repairs a follower
 //!   that fell behind; one still being written needs none (its next append carries the
@@ -24,9 +25,11 @@
 //!   [`Liveness`]'s clock stands ([`crate::partition::PulseDue::Stand`]): openraft checked its
 //!   own on its tick, which is the same period.
 //! * **Lease lapses.** Every round, each leader's lease is looked at, and a lapse counted.
+//! * **Handovers** (`Liveness::hand_over`). A leader handing its group over beats on until its
+//!   successor answers caught up, then sends nothing more for the group.
 //!
 //! A round costs a lock or two per replica and a message per peer: at 3,000 partitions on
-//! three brokers, an idle broker spends 5-6 % of a core in all (`kiln-bench partitions`,
+//! three brokers, an idle broker spends about 5 % of a core in all (`kiln-bench partitions`,
 //! docs/benchmarks.md), most of it on these rounds.
 //!
 //! The transport of beats is a [`PulseNetwork`]: the broker's connection per peer
@@ -127,6 +130,7 @@ pub async fn run(
                 quiet: _,
                 heartbeat,
                 lapsed,
+                successor,
             } => {
                 if lapsed {
                     self::lapsed(name, term, &timings);
@@ -141,6 +145,7 @@ pub async fn run(
                     item,
                     voters,
                     heartbeat,
+                    successor,
                 });
             }
         });
@@ -192,6 +197,8 @@ struct Led {
     voters: Arc<[NodeId]>,
     /// An openraft heartbeat is due (`PulseDue::Lead`).
     heartbeat: bool,
+    /// It hands over to this peer once it answers caught up (`Liveness::hand_over`).
+    successor: Option<NodeId>,
 }
 
 /// One round of beats: an openraft heartbeat for every group that stopped but is not quiet yet, one beat
@@ -258,7 +265,8 @@ async fn beat_round(
         }
     });
     let answered = join_all(beats).await;
-    // Per group, how many followers answered caught up.
+    // Per group, how many followers answered, and how many of them answered caught up.
+    let mut answering = vec![0usize; leading.len()];
     let mut caught_up = vec![0usize; leading.len()];
     for (peer, answers) in answered {
         let Some(answers) = answers else { continue };
@@ -267,20 +275,62 @@ async fn beat_round(
         };
         for (&i, answer) in indexes.iter().zip(answers) {
             let led = &leading[i];
+            answering[i] += 1;
             if answer.accepted {
                 led.replica.liveness().acked(led.item.term, peer, sent);
             }
             if answer.accepted && answer.caught_up {
                 caught_up[i] += 1;
+                if led.successor == Some(peer) {
+                    led.replica
+                        .liveness()
+                        .successor_caught_up(led.item.term, peer, Instant::now());
+                }
             }
         }
     }
-    for ((led, n), want) in leading.iter().zip(caught_up).zip(followers) {
+    for (i, led) in leading.iter().enumerate() {
+        assert!(caught_up[i] <= answering[i] && answering[i] <= followers[i]);
         let quiet = led
             .item
             .applied
-            .filter(|_| n == want)
+            .filter(|_| quiet(caught_up[i], answering[i], followers[i]))
             .map(|applied| (led.item.term, applied));
         led.replica.liveness().set_quiet(quiet);
+    }
+}
+
+/// Whether a group whose log is whole and applied is quiet after a round of beats to its
+/// `followers`: every follower that answered is caught up, and with the leader they are a
+/// majority of the voters, so the group's whole log is committed where a quorum can see it.
+///
+/// A follower that did not answer (a dead broker, a beat still in flight) is not waited for:
+/// an openraft heartbeat cannot reach it either, and while a broker is down every group it
+/// follows would otherwise send one every round, to no one. Once it answers again, not
+/// caught up, the group is loud again and the heartbeats repair it.
+fn quiet(caught_up: usize, answering: usize, followers: usize) -> bool {
+    let voters = followers + 1;
+    caught_up == answering && (caught_up + 1) * 2 > voters
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quiet;
+
+    #[test]
+    fn quiet_waits_for_every_follower_that_answered_and_a_majority() {
+        // Three voters: both followers answered caught up.
+        assert!(quiet(2, 2, 2));
+        // One answered behind: the group stays loud, and heartbeats repair it.
+        assert!(!quiet(1, 2, 2));
+        // One follower dead: the other caught up is a majority with the leader.
+        assert!(quiet(1, 1, 2));
+        // Both dead: no majority holds the log.
+        assert!(!quiet(0, 0, 2));
+        // Five voters, two of four followers answered caught up: a majority of three.
+        assert!(quiet(2, 2, 4));
+        assert!(!quiet(1, 1, 4));
+        // A single-voter group has nobody to wait for.
+        assert!(quiet(0, 0, 0));
     }
 }

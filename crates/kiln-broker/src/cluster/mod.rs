@@ -18,6 +18,7 @@ mod forwarded;
 pub mod join;
 pub mod metadata;
 pub mod producer_ids;
+mod rebalance;
 mod register;
 pub mod replica;
 mod topic_changes;
@@ -418,6 +419,7 @@ impl Cluster {
             tokio::spawn(reconcile(cluster.clone())),
             tokio::spawn(ensure_cluster_id(cluster.clone())),
             tokio::spawn(fence::fence_self(cluster.clone())),
+            tokio::spawn(rebalance::run(cluster.clone())),
             tokio::spawn(kiln_raft::pulse::run(
                 node_id,
                 timings,

@@ -147,6 +147,7 @@ pub async fn open(p: OpenParams) -> Result<Arc<Replica>, PartitionError> {
         max_entry_bytes: p.max_entry_bytes,
         max_queued_bytes: kiln_raft::partition::PROPOSER_QUEUE_BYTES_MAX,
         table_snapshot_every: p.table_snapshot_every,
+        preferred: p.members.first().and_then(|m| node(*m)),
     };
     let (partition, recovery) = ReplicatedPartition::start(opts, network).await?;
     match &recovery.log.tail {

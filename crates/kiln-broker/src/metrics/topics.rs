@@ -139,6 +139,16 @@ pub(super) fn render(out: &mut Exposition, cluster: &Cluster) {
         "Partitions this broker leads whose in-sync replicas are fewer than their replicas.",
         under,
     );
+    let not_preferred = held
+        .iter()
+        .filter(|(_, _, r)| r.is_leader() && r.members.first() != Some(&r.node_id))
+        .count();
+    out.single(
+        "kiln_preferred_leader_imbalance",
+        Kind::Gauge,
+        "Partitions this broker leads whose preferred replica (their first) is another broker: leadership the leader balance (cluster.auto_leader_rebalance) hands back once that broker is in sync.",
+        not_preferred,
+    );
     let changes: u64 = cluster.replicas().iter().map(|r| r.leader_changes()).sum();
     out.single(
         "kiln_leader_changes_total",

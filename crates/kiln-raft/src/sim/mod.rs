@@ -404,6 +404,7 @@ impl World {
             max_entry_bytes: crate::partition::ENTRY_BYTES_MAX,
             max_queued_bytes: crate::partition::PROPOSER_QUEUE_BYTES_MAX,
             table_snapshot_every: self.opts.offsets_snapshot_every,
+            preferred: None,
         }
     }
 
