@@ -372,6 +372,51 @@ pub(crate) fn wait_brokers_listed(
     }
 }
 
+/// Waits until the cluster has formed: every broker, asked alone, names the same controller and
+/// the same cluster id. Only then is a topic's creation timed: librdkafka's AdminClient, given a
+/// Metadata answer from before the first controller was elected, can wait out its whole
+/// request timeout (10 s here) before it asks again, which is the client's start-up, not the
+/// creation.
+pub(crate) fn wait_formed(
+    brokers: &mut Brokers,
+    runtime: &tokio::runtime::Runtime,
+    deadline: Instant,
+) -> anyhow::Result<()> {
+    use kafka_protocol::messages::{MetadataRequest, RequestKind, ResponseKind};
+    let addrs: Vec<String> = brokers.procs.iter().map(|p| p.kafka.clone()).collect();
+    let mut client = kiln_client::admin::Cluster::new(addrs.join(","), Duration::from_secs(5));
+    loop {
+        brokers.check_alive()?;
+        let mut seen = Vec::new();
+        for addr in &addrs {
+            let asked = runtime.block_on(client.call(
+                addr,
+                RequestKind::Metadata(MetadataRequest::default().with_topics(Some(Vec::new()))),
+            ));
+            seen.push(match asked {
+                Ok(ResponseKind::Metadata(m)) => {
+                    Some((m.controller_id.0, m.cluster_id.map(|c| c.to_string())))
+                }
+                _ => None,
+            });
+        }
+        let formed = seen.iter().all(|v| {
+            v.as_ref()
+                .is_some_and(|(c, id)| *c >= 0 && id.is_some() && Some(v) == seen.first())
+        });
+        if formed {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "the cluster did not form in time (controller and cluster id per broker: {seen:?})\n{}",
+                brokers.log_tails()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// What to create: name, partitions, replication factor and topic configs.
 pub(crate) struct TopicSpec<'a> {
     pub(crate) name: &'a str,
@@ -406,6 +451,7 @@ pub(crate) fn create_topic(
     loop {
         attempt += 1;
         brokers.check_alive()?;
+        let asked = Instant::now();
         let last = match runtime.block_on(admin.create_topics([&topic], &options)) {
             Ok(results) => match results.into_iter().next() {
                 Some(Ok(_)) => return Ok(()),
@@ -422,6 +468,11 @@ pub(crate) fn create_topic(
             },
             Err(e) => e.to_string(),
         };
+        // A retry costs the benchmark's figures up to the request timeout: say so.
+        println!(
+            "  creating topic {name}: attempt {attempt} failed after {:.2} s: {last}",
+            asked.elapsed().as_secs_f64()
+        );
         if Instant::now() >= deadline {
             bail!(
                 "creating topic {name} did not succeed in time ({attempt} attempts, last: {last})\n{}",

@@ -66,6 +66,10 @@ struct ProcessCost {
 struct Figures {
     partitions: i32,
     create: Duration,
+    /// From every partition led to every partition led by its preferred replica, and how many
+    /// were led by another broker at first.
+    balance: Duration,
+    unbalanced: usize,
     idle: Vec<(i32, ProcessCost)>,
     records_per_s: f64,
     mib_per_s: f64,
@@ -133,6 +137,7 @@ fn measure(
     brokers.wait_listening(deadline)?;
     let bootstrap = brokers.bootstrap();
     brokers::wait_brokers_listed(brokers, &bootstrap, deadline)?;
+    brokers::wait_formed(brokers, runtime, deadline)?;
     let spec = TopicSpec {
         name: TOPIC,
         partitions,
@@ -142,8 +147,12 @@ fn measure(
     let started = Instant::now();
     let deadline = started + ready;
     brokers::create_topic(brokers, runtime, &bootstrap, &spec, deadline)?;
-    let leaders = brokers::wait_leaders(brokers, &bootstrap, TOPIC, partitions, deadline)?;
+    brokers::wait_leaders(brokers, &bootstrap, TOPIC, partitions, deadline)?;
     let create = started.elapsed();
+    // Idle cost and failover are measured with the leaders where the topic put them, a third
+    // on each broker: the leader balance hands back any partition whose first election went
+    // to another replica (after `leader_rebalance_interval_ms`).
+    let (leaders, balance, unbalanced) = wait_balanced(&bootstrap, partitions)?;
 
     let idle = idle_cost(brokers, Duration::from_secs(args.idle_s))?;
 
@@ -174,6 +183,8 @@ fn measure(
     Ok(Figures {
         partitions,
         create,
+        balance,
+        unbalanced,
         idle,
         records_per_s,
         mib_per_s,
@@ -183,6 +194,48 @@ fn measure(
         failover_max,
         acknowledged: sent + partitions as u64,
     })
+}
+
+/// Longest wait for every partition to be led by its preferred replica: the leader balance's
+/// default interval (30 s) and a second per 64 handovers, with room to spare.
+const BALANCE_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Waits until every partition is led by its preferred replica (the first listed); returns
+/// the leaders, the wait, and how many partitions had another leader at first.
+fn wait_balanced(bootstrap: &str, partitions: i32) -> anyhow::Result<(Vec<i32>, Duration, usize)> {
+    let client = metadata_client(bootstrap)?;
+    let start = Instant::now();
+    let mut first: Option<usize> = None;
+    loop {
+        let md = client
+            .fetch_metadata(Some(TOPIC), Duration::from_secs(5))
+            .context("fetching metadata")?;
+        let topic = md.topics().first().context("no topic in the metadata")?;
+        let mut leaders = vec![-1; partitions as usize];
+        let mut elsewhere = 0;
+        for p in topic.partitions() {
+            if p.replicas().first() != Some(&p.leader()) {
+                elsewhere += 1;
+            }
+            if let Some(slot) = usize::try_from(p.id())
+                .ok()
+                .and_then(|i| leaders.get_mut(i))
+            {
+                *slot = p.leader();
+            }
+        }
+        let unbalanced = *first.get_or_insert(elsewhere);
+        if elsewhere == 0 && topic.partitions().len() == leaders.len() {
+            return Ok((leaders, start.elapsed(), unbalanced));
+        }
+        if start.elapsed() >= BALANCE_TIMEOUT {
+            bail!(
+                "{elsewhere} of {partitions} partitions still led by a broker other than their \
+                 preferred replica after {BALANCE_TIMEOUT:?} (the leader balance)"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// The broker id that leads the most partitions.
@@ -473,6 +526,11 @@ fn print_one(f: &Figures) {
         "partitions {}  RF 3 on 3 brokers: created and led in {:.2} s",
         f.partitions,
         f.create.as_secs_f64()
+    );
+    println!(
+        "  leader balance: {} partitions first led by another replica, all on their preferred replica {:.1} s later",
+        f.unbalanced,
+        f.balance.as_secs_f64()
     );
     for (id, c) in &f.idle {
         println!(

@@ -31,10 +31,10 @@
 //! stands once an election timeout drawn from `[election_min, election_max)` passed since it
 //! last heard from a leader or candidate (or last stood), plus `vote_lease` when its vote is
 //! committed (it followed an elected leader), plus twice `election_max` when a voter told it
-//! of a longer log than its own at its last try (let the replica with the longest log stand
-//! first: only it can win). The draw is taken again after every try. Candidates (and
+//! of a longer log than its own at its last try and it has heard from no leader or candidate
+//! since (let the replica with the longest log stand first: only it can win). The draw is taken again after every try. Candidates (and
 //! followers of no elected leader) take turns a range apart, in an order of the group and term
-//! every voter derives alike, so that after a split vote one asks before the others stand. When an elected leader goes quiet, its followers'
+//! every voter derives alike (the preferred replica first in a group that never had a leader), so that after a split vote one asks before the others stand. When an elected leader goes quiet, its followers'
 //! timeouts fall in slices of the range, one per follower, in an order every replica of the
 //! group derives alike from the group's name (`stagger`) and the leader's term: a dead broker's
 //! thousand groups then elect with hardly a split vote, and their new leaders spread over the
@@ -207,7 +207,9 @@ struct State {
     draw: f64,
     /// Whether it may stand at all (not while repairing: `guard.rs`).
     may_stand: bool,
-    /// A voter answered its last try with a longer log than its own.
+    /// A voter answered its last try with a longer log than its own, and no leader or
+    /// candidate has been heard since (then the news is stale: it kept a preferred replica
+    /// from ever standing first once one try of it had seen a longer log).
     greater_log: bool,
     /// Leader: the term in which it last held its lease, for counting lapses.
     held_in: Option<u64>,
@@ -341,7 +343,10 @@ impl Liveness {
         match s.heard {
             Some(h) if h.term > term => {}
             Some(h) if h.term == term && h.leader == leader && h.at >= at => {}
-            _ => s.heard = Some(Heard { term, leader, at }),
+            _ => {
+                s.heard = Some(Heard { term, leader, at });
+                s.greater_log = false;
+            }
         }
     }
 
@@ -615,10 +620,16 @@ fn election_at(
         // Standing again after a split vote (or with no elected leader known): the voters
         // take turns, a whole range apart, in an order of the group and term they agree on, so
         // that one candidate's request reaches the others before they stand themselves.
-        (false, _) => {
+        // In a group that has never heard of a leader (a new partition, whose preferred
+        // replica's first try failed because its peers had not opened the group yet), the
+        // preferred replica takes the first turn, so the topic's leaders start where they
+        // belong instead of waiting for the leader balance; later, when it may be the dead one,
+        // it gets no precedence.
+        (false, heard) => {
             let order = mix(stagger ^ mix(s.role.term));
+            let first = if heard.is_none() { preferred } else { None };
             let mut voters: Vec<NodeId> = s.role.voters.to_vec();
-            voters.sort_by_key(|&v| mix(order ^ v));
+            voters.sort_by_key(|&v| (Some(v) != first, mix(order ^ v)));
             let rank = voters.iter().position(|&v| v == id).unwrap_or(0);
             // Half the range drawn: turns are at least half a range apart.
             wait += range * u32::try_from(rank).unwrap_or(0) + range.mul_f64(s.draw) / 2;
@@ -794,6 +805,14 @@ mod tests {
         assert!(l.election_due(at + max * 4));
         l.stood(at);
         assert!(l.election_due(at + max * 2), "the next try forgets it");
+        l.saw_greater_log();
+        l.heard(3, 3, at);
+        l.set_role(role(Follower, 3, true));
+        assert!(
+            l.election_due(at + max * 3 + Duration::from_millis(1)),
+            "a leader heard since: forgotten too"
+        );
+        l.set_role(role(Candidate, 2, false));
         l.set_role(role(Leader, 2, true));
         assert!(!l.election_due(at + max), "a leader does not stand");
         l.set_role(Role {
@@ -1017,5 +1036,36 @@ mod tests {
             third_first += usize::from(three < two);
         }
         assert!((16..=48).contains(&third_first), "{third_first} of 64");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_a_group_that_never_had_a_leader_the_preferred_replica_takes_the_first_turn() {
+        let mut preferred_first_later = 0;
+        for stagger in 0..64u64 {
+            let at = |id: NodeId, heard: bool| {
+                let l = Liveness::new(id, timings(), stagger).with_preferred(Some(3));
+                l.set_role(role(openraft::ServerState::Candidate, 1, false));
+                let t0 = Instant::now();
+                if heard {
+                    l.heard(1, 2, t0);
+                }
+                match l.check(t0, Duration::from_secs(5)) {
+                    Check::Stand(at) => at,
+                    other => panic!("{other:?}"),
+                }
+            };
+            let (one, two, three) = (at(1, false), at(2, false), at(3, false));
+            assert!(
+                three < one && three < two,
+                "group {stagger}: preferred first"
+            );
+            // Once a leader was heard of, the turns are the group's and term's alone.
+            let (one, two, three) = (at(1, true), at(2, true), at(3, true));
+            preferred_first_later += usize::from(three < one && three < two);
+        }
+        assert!(
+            (8..=40).contains(&preferred_first_later),
+            "{preferred_first_later} of 64"
+        );
     }
 }

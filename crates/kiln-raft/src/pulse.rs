@@ -29,7 +29,7 @@
 //!   successor answers caught up, then sends nothing more for the group.
 //!
 //! A round costs a lock or two per replica and a message per peer: at 3,000 partitions on
-//! three brokers, an idle broker spends about 5 % of a core in all (`kiln-bench partitions`,
+//! three brokers, an idle broker spends about 4 % of a core in all (`kiln-bench partitions`,
 //! docs/benchmarks.md), most of it on these rounds.
 //!
 //! The transport of beats is a [`PulseNetwork`]: the broker's connection per peer

@@ -54,7 +54,7 @@ pub const OFFSETS_GROUP: &str = "__consumer_offsets/0";
 /// The metadata group snapshots its table after this many commands.
 const METADATA_SNAPSHOT_EVERY: u64 = 1_000;
 /// Longest wait for a proposed topic change to be applied here.
-const PROPOSE_WAIT: Duration = Duration::from_secs(30);
+pub(crate) const PROPOSE_WAIT: Duration = Duration::from_secs(30);
 /// Longest wait, after a topic is created, for its local replicas to know their leaders.
 const LEADER_WAIT: Duration = Duration::from_secs(5);
 /// How often `wait_for_local_leaders` looks.
@@ -476,6 +476,12 @@ impl Cluster {
         read(&self.topics).get(name).cloned()
     }
 
+    /// Whether the metadata log (as applied here) has topic `name`, open here or not yet: a
+    /// topic of thousands of partitions is committed seconds before its replicas are open.
+    pub fn topic_committed(&self, name: &str) -> bool {
+        self.metadata_table.state().topics.contains_key(name)
+    }
+
     pub fn topics(&self) -> Vec<Arc<ClusterTopic>> {
         read(&self.topics).values().cloned().collect()
     }
@@ -502,7 +508,11 @@ impl Cluster {
         self.brokers.iter().find(|b| b.id == id)
     }
 
-    /// Creates a topic through the metadata log. Controller only.
+    /// Creates a topic through the metadata log. Controller only. Once the topic is committed
+    /// it exists, so whatever is left of `answer_within` (the request's own timeout) is spent
+    /// waiting for this broker to open its replicas and know their leaders, and no more: a
+    /// topic of thousands of partitions takes seconds to open, and a client whose request
+    /// timed out retries and is told the topic already exists.
     pub async fn create_topic(
         &self,
         name: &str,
@@ -510,7 +520,9 @@ impl Cluster {
         replication_factor: Option<u16>,
         overrides: BTreeMap<String, String>,
         validate_only: bool,
+        answer_within: Duration,
     ) -> Result<(), ClusterError> {
+        let deadline = tokio::time::Instant::now() + answer_within;
         topic_config::validate_topic_name(name).map_err(ClusterError::InvalidName)?;
         if partitions == 0 || partitions > PARTITIONS_PER_TOPIC_MAX {
             return Err(ClusterError::InvalidPartitions(format!(
@@ -545,8 +557,13 @@ impl Cluster {
             overrides,
             assignments: metadata::assign(&ids, partitions, rf, rotation),
         };
-        self.propose(&command).await?;
-        self.wait_for_local_leaders(name).await;
+        let committed = self.commit(&command).await?;
+        let applied = self.applied_here(committed, deadline).await;
+        if applied {
+            self.wait_for_local_leaders_until(name, deadline).await;
+        } else {
+            tracing::info!(topic = %name, partitions, "topic created; answered before this broker opened all its replicas (the request's timeout)");
+        }
         Ok(())
     }
 
@@ -555,7 +572,13 @@ impl Cluster {
     /// most often) is not first told NOT_LEADER. Other brokers' partitions elect on their own;
     /// clients retry those.
     async fn wait_for_local_leaders(&self, topic: &str) {
-        let deadline = tokio::time::Instant::now() + LEADER_WAIT;
+        self.wait_for_local_leaders_until(topic, tokio::time::Instant::now() + LEADER_WAIT)
+            .await
+    }
+
+    /// [`Self::wait_for_local_leaders`], until `deadline` at the latest.
+    async fn wait_for_local_leaders_until(&self, topic: &str, deadline: tokio::time::Instant) {
+        let deadline = deadline.min(tokio::time::Instant::now() + LEADER_WAIT);
         while tokio::time::Instant::now() < deadline {
             let Some(t) = self.topic(topic) else { return };
             if t.replicas.iter().flatten().all(|r| r.leader().0 >= 0) {
@@ -597,6 +620,18 @@ impl Cluster {
 
     /// Appends a command and waits until this broker has applied and acted on it.
     async fn propose(&self, command: &Command) -> Result<(), ClusterError> {
+        let committed = self.commit(command).await?;
+        let deadline = tokio::time::Instant::now() + PROPOSE_WAIT;
+        if self.applied_here(committed, deadline).await {
+            Ok(())
+        } else {
+            Err(ClusterError::Timeout)
+        }
+    }
+
+    /// Proposes `command` and waits until it is committed; returns its offset in the metadata
+    /// log.
+    async fn commit(&self, command: &Command) -> Result<i64, ClusterError> {
         let batch = metadata::encode(command, now_ms()).map_err(ClusterError::NotCommitted)?;
         let ack = self
             .metadata
@@ -610,17 +645,15 @@ impl Cluster {
                 ),
                 other => ClusterError::NotCommitted(other.to_string()),
             })?;
+        Ok(ack.last_offset)
+    }
+
+    /// Whether this broker has applied and acted on the metadata log through `offset` by
+    /// `deadline` (waits until then).
+    async fn applied_here(&self, offset: i64, deadline: tokio::time::Instant) -> bool {
         let mut reconciled = self.reconciled.subscribe();
-        let wait = async {
-            reconciled
-                .wait_for(|offset| *offset > ack.last_offset)
-                .await
-                .is_ok()
-        };
-        match tokio::time::timeout(PROPOSE_WAIT, wait).await {
-            Ok(true) => Ok(()),
-            _ => Err(ClusterError::Timeout),
-        }
+        let wait = async { reconciled.wait_for(|o| *o > offset).await.is_ok() };
+        matches!(tokio::time::timeout_at(deadline, wait).await, Ok(true))
     }
 
     /// Opens the replicas of topics the metadata table has and this broker does not, and stops

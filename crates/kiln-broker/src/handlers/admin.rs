@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::create_topics_response::{
@@ -29,6 +30,10 @@ pub fn create_topics(
     let cluster = cluster.clone();
     Reply::Later(Box::pin(async move {
         let mut results = Vec::with_capacity(request.topics.len());
+        // Answered within the request's own timeout (most of it: the answer still has to
+        // travel), as Kafka does; a topic committed by then exists and is answered created.
+        let timeout = Duration::from_millis(u64::try_from(request.timeout_ms).unwrap_or(0));
+        let answer_within = timeout.mul_f64(CREATE_ANSWER_SHARE);
         for topic in request.topics {
             results.push(
                 create_one(
@@ -37,6 +42,7 @@ pub fn create_topics(
                     topic,
                     request.validate_only,
                     version,
+                    answer_within,
                 )
                 .await,
             );
@@ -45,12 +51,17 @@ pub fn create_topics(
     }))
 }
 
+/// The share of a CreateTopics request's `timeout_ms` spent waiting for the new topic's
+/// replicas here; the rest is left for the answer's way back.
+const CREATE_ANSWER_SHARE: f64 = 0.8;
+
 async fn create_one(
     cluster: &Cluster,
     default_partitions: u32,
     topic: CreatableTopic,
     validate_only: bool,
     version: i16,
+    answer_within: Duration,
 ) -> CreatableTopicResult {
     let result = CreatableTopicResult::default().with_name(topic.name.clone());
     let fail = |code: ResponseError, message: String| {
@@ -73,6 +84,7 @@ async fn create_one(
             replication_factor,
             overrides.clone(),
             validate_only,
+            answer_within,
         )
         .await;
     match outcome {

@@ -48,9 +48,10 @@ pub async fn handle(
                     out.push(describe(&cluster, &topic));
                     continue;
                 }
-                let code = if !cluster.is_current() {
+                let code = if !cluster.is_current() || cluster.topic_committed(name.as_str()) {
                     // Not caught up with the metadata log yet (`cluster/fence.rs`): the topic
-                    // may exist; the client asks again.
+                    // may exist; or it exists and its replicas are still opening here. Either
+                    // way the client asks again.
                     Some(ResponseError::LeaderNotAvailable)
                 } else if broker.config.auto_create_topics && request.allow_auto_topic_creation {
                     // Only the controller creates; elsewhere the client is told to ask again
@@ -62,6 +63,7 @@ pub async fn handle(
                             None,
                             Default::default(),
                             false,
+                            crate::cluster::PROPOSE_WAIT,
                         )
                         .await
                     {
