@@ -77,7 +77,7 @@ NOT_LEADER_OR_FOLLOWER = 6
 ERROR_NAMES = {KAFKA_STORAGE_ERROR: "KAFKA_STORAGE_ERROR", REQUEST_TIMED_OUT: "REQUEST_TIMED_OUT",
                NOT_LEADER_OR_FOLLOWER: "NOT_LEADER_OR_FOLLOWER"}
 CATCH_UP_TIMEOUT_S = 30.0
-MAX_LEADER_KILLS = 20       # kills (and restarts of X) allowed to make X lead every partition
+MAX_LEADER_KILLS = 40       # kills allowed to make X lead every partition (about 8 needed)
 TMPFS_MB = 24
 LEAVE_FREE_BYTES = 8 * 1024
 BIG_VALUE_BYTES = 64 * 1024
@@ -197,12 +197,11 @@ def lead_everything(cluster: Cluster, x: int, topic: str, partitions: int) -> li
     repeats until every running broker agrees that X leads every partition. Two brokers are
     always running, so a majority always exists. Returns what was done.
 
-    openraft draws a replica's election timeout once per process, so an X whose draw is the
-    longest loses every election to whichever other broker is up (seen in CI: twelve kills
-    traded one partition between the other two). After X loses twice in a row it is restarted
-    itself, which draws it new timeouts."""
+    X is the preferred replica (the first) of neither partition, and a partition's preferred
+    replica stands first when its leader dies (kiln-raft `liveness.rs`): X can win only when
+    the preferred replica itself was the leader killed, half the time. So this takes a few kills
+    per partition, and X is never restarted (that would end what it already leads)."""
     steps = []
-    lost_in_a_row = 0
     for _ in range(MAX_LEADER_KILLS + 1):
         leaders = cluster.wait_leaders(topic, partitions)
         todo = [p for p, (leader, _) in sorted(leaders.items()) if leader != x]
@@ -216,13 +215,6 @@ def lead_everything(cluster: Cluster, x: int, topic: str, partitions: int) -> li
         steps.append(f"killed {victim} (leader of {todo[0]} in epoch {epoch}) -> "
                      f"{new_leader} in epoch {new_epoch}")
         cluster.start(victim)
-        lost_in_a_row = 0 if new_leader == x else lost_in_a_row + 1
-        if lost_in_a_row == 2 and len(steps) < MAX_LEADER_KILLS:
-            cluster.wait_leaders(topic, partitions)
-            cluster.kill9(x)
-            cluster.start(x)
-            steps.append(f"restarted {x} (new election timeouts)")
-            lost_in_a_row = 0
     raise AssertionError(f"node {x} not the leader of every partition after {MAX_LEADER_KILLS} "
                          f"leader kills: {steps}; now {cluster.wait_leaders(topic, partitions)}")
 
