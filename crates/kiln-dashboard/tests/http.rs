@@ -287,13 +287,11 @@ async fn dead_letter_page_lists_the_last_failing_checks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_broker_is_reported_on_the_lag_page() {
     let (store, dir) = store().await;
-    // A port that was free a moment ago: nothing listens there.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
+    // A port bound but never listened on refuses connections, and stays ours (no other test's
+    // listener can be given it) until the test ends.
+    let refusing = tokio::net::TcpSocket::new_v4().expect("socket");
+    refusing.bind(([127, 0, 0, 1], 0).into()).expect("bind");
+    let port = refusing.local_addr().expect("addr").port();
     let mut config = DashboardConfig::new(Some(format!("127.0.0.1:{port}")));
     config.lag_interval = Duration::from_millis(100);
     config.broker_timeout = Duration::from_millis(500);
@@ -315,4 +313,5 @@ async fn an_unreachable_broker_is_reported_on_the_lag_page() {
     let (status, _) = d.get("/").await;
     assert_eq!(status, 200, "the overview does not depend on the broker");
     d.stop().await;
+    drop(refusing);
 }

@@ -26,7 +26,7 @@ use russh::keys::ssh_key::private::Ed25519Keypair;
 use russh::keys::ssh_key::LineEnding;
 use russh::keys::PrivateKey;
 use serde_json::json;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -69,6 +69,35 @@ pub struct Fleet {
     stats: Arc<SimStats>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    /// The unreachable nodes' ports: bound, never listening, held until the fleet is dropped.
+    reserved: Vec<TcpSocket>,
+}
+
+/// A loopback port bound without `SO_REUSEADDR` and never listened on: connections to it are
+/// refused, and no other socket can be bound to it while this one lives.
+fn refusing_port() -> anyhow::Result<TcpSocket> {
+    let socket = TcpSocket::new_v4().context("unreachable node's port")?;
+    socket
+        .bind(([127, 0, 0, 1], 0).into())
+        .context("binding an unreachable node's port")?;
+    Ok(socket)
+}
+
+/// Node `i`'s manifest row.
+fn node_row(spec: &FleetSpec, i: usize, bmc_addr: std::net::SocketAddr) -> NodeSpec {
+    let model = spec.gpu_model;
+    NodeSpec {
+        hostname: spec.hostname(i),
+        rack: spec.rack(i),
+        bmc_address: bmc_addr.to_string(),
+        gpu_model: model.label().into(),
+        gpu_count: model.gpu_count(),
+        firmware_bmc: FIRMWARE_BMC.into(),
+        firmware_bios: FIRMWARE_BIOS.into(),
+        firmware_gpu_vbios: model.vbios().into(),
+        firmware_nic: FIRMWARE_NIC.into(),
+        labels: BTreeMap::from([("source".to_string(), "kiln-sim".to_string())]),
+    }
 }
 
 impl Fleet {
@@ -100,39 +129,32 @@ impl Fleet {
         let mut nodes = Vec::new();
         let mut bmcs = Vec::new();
         let mut tasks = Vec::new();
+        let mut reserved = Vec::new();
         for (i, faults) in plan.into_iter().enumerate() {
-            let ssh_listener = TcpListener::bind("127.0.0.1:0").await.context("SSH port")?;
-            let bmc_listener = TcpListener::bind("127.0.0.1:0").await.context("BMC port")?;
-            let (ssh_addr, bmc_addr) = (ssh_listener.local_addr()?, bmc_listener.local_addr()?);
-            let model = spec.gpu_model;
-            let row = NodeSpec {
-                hostname: spec.hostname(i),
-                rack: spec.rack(i),
-                bmc_address: bmc_addr.to_string(),
-                gpu_model: model.label().into(),
-                gpu_count: model.gpu_count(),
-                firmware_bmc: FIRMWARE_BMC.into(),
-                firmware_bios: FIRMWARE_BIOS.into(),
-                firmware_gpu_vbios: model.vbios().into(),
-                firmware_nic: FIRMWARE_NIC.into(),
-                labels: BTreeMap::from([("source".to_string(), "kiln-sim".to_string())]),
+            // A node that is powered off or off the network refuses connections: its ports
+            // are bound but never listened on, and held for the fleet's lifetime so that no
+            // later listener (another node's BMC) is given one of them.
+            let (ssh_addr, bmc_addr, listeners) = if faults.contains(&Fault::Unreachable) {
+                let (ssh, bmc) = (refusing_port()?, refusing_port()?);
+                let addrs = (ssh.local_addr()?, bmc.local_addr()?);
+                reserved.extend([ssh, bmc]);
+                (addrs.0, addrs.1, None)
+            } else {
+                let ssh = TcpListener::bind("127.0.0.1:0").await.context("SSH port")?;
+                let bmc = TcpListener::bind("127.0.0.1:0").await.context("BMC port")?;
+                (ssh.local_addr()?, bmc.local_addr()?, Some((ssh, bmc)))
             };
-            let unreachable = faults.contains(&Fault::Unreachable);
             let node = Arc::new(SimNode::new(
-                row,
+                node_row(&spec, i, bmc_addr),
                 i,
-                model,
+                spec.gpu_model,
                 faults,
                 ssh_addr,
                 bmc_addr,
                 fixtures.clone(),
                 spec.seed,
             ));
-            if unreachable {
-                // Both ports were ours a moment ago and nothing listens there now: connections
-                // are refused, as for a node that is powered off or off the network.
-                drop((ssh_listener, bmc_listener));
-            } else {
+            if let Some((ssh_listener, bmc_listener)) = listeners {
                 tasks.push(sshd::serve(
                     ssh_listener,
                     node.clone(),
@@ -170,6 +192,7 @@ impl Fleet {
             stats,
             stop,
             tasks,
+            reserved,
         };
         fleet.write_files(&host_key, &agent_key, &tls.ca_pem, &password)?;
         Ok(fleet)
@@ -380,6 +403,8 @@ impl Fleet {
                 t.abort();
             }
         }
+        // The unreachable nodes' ports are given back last, once nothing serves any node.
+        drop(self.reserved);
     }
 }
 
