@@ -320,6 +320,29 @@ async fn every_api_asks_the_acls_and_refuses_with_kafka_s_errors() {
         panic!("DeleteAcls")
     };
     assert_eq!(r.filter_results[0].error_code, cluster_denied);
+    // Electing leaders needs ALTER on the cluster: refused as a whole and per partition.
+    let elect = ElectLeadersRequest::default()
+        .with_election_type(0)
+        .with_timeout_ms(5000)
+        .with_topic_partitions(Some(vec![
+            kafka_protocol::messages::elect_leaders_request::TopicPartitions::default()
+                .with_topic(TopicName(
+                    kafka_protocol::protocol::StrBytes::from_static_str("open.nodes"),
+                ))
+                .with_partitions(vec![0]),
+        ]));
+    let ResponseKind::ElectLeaders(r) = conn
+        .call(RequestKind::ElectLeaders(elect), T)
+        .await
+        .unwrap()
+    else {
+        panic!("ElectLeaders")
+    };
+    assert_eq!(r.error_code, cluster_denied);
+    assert_eq!(
+        r.replica_election_results[0].partition_result[0].error_code,
+        cluster_denied
+    );
     // DESCRIBE on the cluster is still allowed (ALTER's ALLOW implies it; only ALTER is
     // denied): six bindings.
     let describe_all = describe_filter(1);

@@ -169,6 +169,16 @@ fn request(api: ApiKey, version: i16, topic: &str) -> RequestKind {
                     ])]),
         ),
         ApiKey::DescribeCluster => RequestKind::DescribeCluster(DescribeClusterRequest::default()),
+        // One broker leads every partition and is every partition's preferred replica.
+        ApiKey::ElectLeaders => RequestKind::ElectLeaders(
+            ElectLeadersRequest::default()
+                .with_timeout_ms(5000)
+                .with_topic_partitions(Some(vec![
+                    elect_leaders_request::TopicPartitions::default()
+                        .with_topic(name(topic))
+                        .with_partitions(vec![0]),
+                ])),
+        ),
         // This broker has no [sasl]: both are answered with an error and the connection stays.
         ApiKey::SaslHandshake => RequestKind::SaslHandshake(
             SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN")),
@@ -304,6 +314,12 @@ async fn every_supported_version_is_answered() {
                 ResponseKind::DeleteRecords(r) => {
                     let p = &r.topics[0].partitions[0];
                     p.error_code == 0 && p.low_watermark == i64::from(version) + 1
+                }
+                ResponseKind::ElectLeaders(r) => {
+                    r.error_code == 0
+                        && r.replica_election_results.len() == 1
+                        && r.replica_election_results[0].partition_result[0].error_code
+                            == ResponseError::ElectionNotNeeded.code()
                 }
                 ResponseKind::DescribeCluster(r) => {
                     r.error_code == 0 && r.brokers.len() == 1 && !r.cluster_id.is_empty()

@@ -333,6 +333,7 @@ fn api_key_of(body: &RequestKind) -> ApiKey {
         RequestKind::CreatePartitions(_) => ApiKey::CreatePartitions,
         RequestKind::DeleteRecords(_) => ApiKey::DeleteRecords,
         RequestKind::DescribeCluster(_) => ApiKey::DescribeCluster,
+        RequestKind::ElectLeaders(_) => ApiKey::ElectLeaders,
         RequestKind::SaslHandshake(_) => ApiKey::SaslHandshake,
         RequestKind::SaslAuthenticate(_) => ApiKey::SaslAuthenticate,
         RequestKind::DescribeUserScramCredentials(_) => ApiKey::DescribeUserScramCredentials,

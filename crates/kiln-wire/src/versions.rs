@@ -38,6 +38,8 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::CreatePartitions, 0, 3),
     (ApiKey::DeleteRecords, 0, 2),
     (ApiKey::DescribeCluster, 0, 2),
+    // Preferred leader elections on demand (KIP-460; docs/replication.md, "Leader balance").
+    (ApiKey::ElectLeaders, 0, 2),
     // SASL (docs/security.md). SaslHandshake v0 sends the mechanism's tokens as bare frames
     // without Kafka headers; every current client uses v1 with SaslAuthenticate.
     (ApiKey::SaslHandshake, 1, 1),

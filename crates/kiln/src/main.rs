@@ -5,6 +5,7 @@ mod agent_cmd;
 mod broker_address;
 mod broker_cmd;
 mod certs_cmd;
+mod cluster_cmd;
 mod dashboard_cmd;
 mod dashboard_settings;
 mod deadletter_cmd;
@@ -55,6 +56,8 @@ enum Command {
     Topics(topics_cmd::TopicsArgs),
     /// Consumer groups: list, describe (members, lag), reset offsets, delete.
     Groups(groups_cmd::GroupsArgs),
+    /// Replicated cluster operations: elect each partition's preferred leader now.
+    Cluster(cluster_cmd::ClusterArgs),
     /// Register rack manifests: validate, queue each node on kiln.nodes, record it.
     Intake(intake_cmd::IntakeArgs),
     /// Run a burn-in agent: consume kiln.nodes in group burnin, run the playbook, record, commit.
@@ -116,6 +119,13 @@ fn main() -> ExitCode {
             Command::Broker(args) => broker_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Topics(args) => topics_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Groups(args) => groups_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Cluster(args) => cluster_cmd::run(args).await.map(|all_ok| {
+                if all_ok {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            }),
             Command::Intake(args) => intake_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Agent(args) => agent_cmd::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Nodes(args) => nodes_cmd::run_nodes(args).await.map(|()| ExitCode::SUCCESS),

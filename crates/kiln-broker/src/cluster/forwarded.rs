@@ -70,6 +70,7 @@ impl Cluster {
             FORWARD_WAIT,
         )
         .await
+        .map(|_answer| ())
         .map_err(|reason| {
             // The controller's own refusal parses; anything else is the transport's (the
             // controller unreachable or gone): retriable.
@@ -80,7 +81,7 @@ impl Cluster {
     }
 
     /// A change another broker forwarded: run here if this broker is the controller.
-    pub(super) async fn take_topic_change(&self, payload: &[u8]) -> Result<(), String> {
+    pub(super) async fn take_topic_change(&self, payload: &[u8]) -> Result<Bytes, String> {
         let change: TopicChange = serde_json::from_slice(payload)
             .map_err(|e| format!("a forwarded topic change that does not parse: {e}"))?;
         tracing::debug!(?change, "a topic change forwarded by a peer");
@@ -105,6 +106,8 @@ impl Cluster {
             TopicChange::Scram { change } => self.alter_scram_here(change).await,
             TopicChange::Acls { change } => self.change_acls_here(change).await,
         };
-        result.map_err(|e| serde_json::to_string(&e).unwrap_or_else(|_| e.to_string()))
+        result
+            .map(|()| Bytes::new())
+            .map_err(|e| serde_json::to_string(&e).unwrap_or_else(|_| e.to_string()))
     }
 }

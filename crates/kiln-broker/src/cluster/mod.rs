@@ -13,6 +13,7 @@
 //! come and go. docs/replication.md describes the whole.
 
 pub mod acls;
+pub mod elect;
 mod fence;
 mod forwarded;
 pub mod join;

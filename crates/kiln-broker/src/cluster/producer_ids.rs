@@ -97,16 +97,19 @@ impl Cluster {
         }
     }
 
-    /// A proposal another broker forwarded (`RaftGroups::forward`): a topic change
-    /// (`forwarded.rs`), or a producer id block or fence (`fence.rs`) for a configured peer;
-    /// only on the controller.
+    /// What another broker forwarded (`RaftGroups::forward`): a topic change
+    /// (`forwarded.rs`), or a producer id block or fence (`fence.rs`) for a configured peer,
+    /// only on the controller; or preferred leader elections (`elect.rs`), on any broker.
     pub(super) async fn take_forwarded(
         self: Arc<Self>,
         group: String,
         payload: Bytes,
-    ) -> Result<(), String> {
+    ) -> Result<Bytes, String> {
         if group == super::forwarded::TOPIC_CHANGES_GROUP {
             return self.take_topic_change(&payload).await;
+        }
+        if group == super::elect::ELECT_GROUP {
+            return self.take_elections(&payload).await;
         }
         if group != METADATA_GROUP {
             return Err(format!("group {group} takes no forwarded proposals"));
@@ -133,6 +136,9 @@ impl Cluster {
                 self.controller()
             ));
         }
-        self.propose(&command).await.map_err(|e| e.to_string())
+        self.propose(&command)
+            .await
+            .map(|()| Bytes::new())
+            .map_err(|e| e.to_string())
     }
 }

@@ -7,6 +7,7 @@ pub mod admin;
 pub mod api_versions;
 mod authorize;
 pub mod configs;
+pub mod elect;
 pub mod fetch;
 pub mod groups;
 pub mod init_producer_id;
@@ -96,6 +97,7 @@ fn serve(
         RequestKind::AlterConfigs(req) => configs::alter_configs(cluster, req),
         RequestKind::CreatePartitions(req) => partitions::create_partitions(cluster, req),
         RequestKind::DeleteRecords(req) => partitions::delete_records(cluster, req),
+        RequestKind::ElectLeaders(req) => elect::elect_leaders(cluster, req, version),
         RequestKind::DescribeCluster(req) => Reply::Now(Box::new(ResponseKind::DescribeCluster(
             metadata::describe_cluster(
                 broker,

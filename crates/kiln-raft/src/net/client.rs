@@ -362,14 +362,15 @@ pub struct PeerRef<'a> {
     pub addr: &'a str,
 }
 
-/// Asks `peer` to make `payload`, a proposal for `group`'s leader (see `codec.rs`, kind 10).
-/// `Ok` once that peer has made and applied it.
+/// Asks `peer` to do `payload` for `group` (see `codec.rs`, kind 10): a proposal for the
+/// group's leader, or a request the group name stands for. `Ok` with the peer's answer
+/// (empty for a proposal) once that peer has done it.
 pub async fn forward(
     peer: PeerRef<'_>,
     group: &str,
     payload: bytes::Bytes,
     timeout: Duration,
-) -> Result<(), String> {
+) -> Result<bytes::Bytes, String> {
     let addr = peer.addr;
     let exchange = async {
         let mut stream = peer.transport.connect(addr, peer.node, timeout).await?;

@@ -19,7 +19,7 @@
 //! | 8 | Hello request | `sender u64, incarnation u64` (group name empty) |
 //! | 9 | Hello response | `node u64, registered u8, incarnation u64, has_cluster u8, cluster id (UTF-8, the rest)` |
 //! | 10 | Forward request | `payload` (the rest): a proposal for the group's leader to make |
-//! | 11 | Forward response | `ok u8, reason (UTF-8, the rest)` |
+//! | 11 | Forward response | `ok u8`, then the answer (ok) or the reason (UTF-8), the rest |
 //! | 12 | Beat request | `sender u64, count u32, count × [name length u16, group name, term u64, applied log_id?]` (group name empty) |
 //! | 13 | Beat response | `count u32, count × flags u8` (bit 0 accepted, bit 1 caught up), in the request's order |
 //!
@@ -174,8 +174,9 @@ pub enum Message {
     /// A proposal for the named group's leader to make on the sender's behalf (a broker that
     /// is not the controller asking for producer ids); what the bytes mean is the group's.
     Forward(Bytes),
-    /// `Ok` once the leader has made (and applied) the proposal, else why not.
-    ForwardResponse(Result<(), String>),
+    /// `Ok` with the group's answer (empty for a proposal) once the receiver has done what
+    /// was asked, else why not.
+    ForwardResponse(Result<Bytes, String>),
     /// The heartbeat of every group `sender` leads and the receiver follows (`pulse.rs`).
     Beat {
         sender: NodeId,
@@ -458,8 +459,9 @@ pub fn encode(id: u32, group: &str, message: &Message) -> Result<Vec<u8>, CodecE
         Message::Forward(payload) => out.extend_from_slice(payload),
         Message::ForwardResponse(result) => {
             out.push(u8::from(result.is_ok()));
-            if let Err(reason) = result {
-                out.extend_from_slice(reason_bytes(reason));
+            match result {
+                Ok(answer) => out.extend_from_slice(answer),
+                Err(reason) => out.extend_from_slice(reason_bytes(reason)),
             }
         }
         Message::Beat { sender, items } => {
@@ -739,9 +741,13 @@ pub fn decode_body(body: &[u8], crc: u32) -> Result<Frame, CodecError> {
         KIND_FORWARD => Message::Forward(Bytes::copy_from_slice(r.rest())),
         KIND_FORWARD_RESPONSE => {
             let ok = r.bool("ok")?;
-            let reason = String::from_utf8(r.rest().to_vec())
-                .map_err(|_| malformed("forward reason is not UTF-8"))?;
-            Message::ForwardResponse(if ok { Ok(()) } else { Err(reason) })
+            let rest = r.rest();
+            Message::ForwardResponse(if ok {
+                Ok(Bytes::copy_from_slice(rest))
+            } else {
+                Err(String::from_utf8(rest.to_vec())
+                    .map_err(|_| malformed("forward reason is not UTF-8"))?)
+            })
         }
         KIND_BEAT => {
             let sender = r.u64("sender")?;
@@ -1045,6 +1051,23 @@ mod tests {
             let (group, back) = decode_all(&frame);
             assert_eq!(group, "");
             assert!(matches!(back, Message::Error(r) if r == reason));
+        }
+        let answers: [Result<Bytes, String>; 4] = [
+            Ok(Bytes::new()),
+            Ok(Bytes::from_static(b"[{\"i\":0}]")),
+            Err(String::new()),
+            Err("not the controller ✓".to_string()),
+        ];
+        for answer in answers {
+            let frame = encode(
+                ID,
+                "__topic_changes",
+                &Message::ForwardResponse(answer.clone()),
+            )
+            .unwrap();
+            let (group, back) = decode_all(&frame);
+            assert_eq!(group, "__topic_changes");
+            assert!(matches!(back, Message::ForwardResponse(r) if r == answer));
         }
     }
 

@@ -58,7 +58,7 @@ pub struct HelloAnswer {
 
 /// What [`RaftGroups::forward`] resolves to.
 pub type ForwardFuture =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<bytes::Bytes, String>> + Send>>;
 
 pub type PeerAddrs = Arc<BTreeMap<NodeId, String>>;
 
@@ -95,15 +95,16 @@ pub trait RaftGroups: Send + Sync + 'static {
         None
     }
 
-    /// The answer to a peer's [`Hello`]: this broker's node id, its cluster's id if it knows
-    /// one, and the incarnation its cluster has registered for the sender, if any.
-    /// Makes a proposal a peer forwarded for `group`'s leader (see `codec.rs`, kind 10). The
-    /// default refuses: implement it for the groups that take forwarded proposals.
+    /// Does what a peer forwarded for `group` (see `codec.rs`, kind 10: a proposal for its
+    /// leader, or a request the group name stands for) and answers with the bytes the group
+    /// defines. The default refuses: implement it for the groups that take forwarded requests.
     fn forward(&self, group: &str, _payload: bytes::Bytes) -> ForwardFuture {
         let group = group.to_string();
         Box::pin(async move { Err(format!("group {group} takes no forwarded proposals")) })
     }
 
+    /// The answer to a peer's [`Hello`]: this broker's node id, its cluster's id if it knows
+    /// one, and the incarnation its cluster has registered for the sender, if any.
     fn hello(&self, _from: &Hello) -> HelloAnswer {
         HelloAnswer {
             node: 0,

@@ -71,6 +71,14 @@ pub fn check(access: &Access, version: i16, body: RequestKind) -> Checked {
         | RequestKind::AlterUserScramCredentials(_)) => {
             cluster_wide(access, Operation::Alter, body)
         }
+        RequestKind::ElectLeaders(r) if !access.allows_cluster(Operation::Alter) => {
+            Checked::Answer(super::elect::refuse(
+                &r,
+                version,
+                CLUSTER_DENIED,
+                "electing leaders needs ALTER on the cluster",
+            ))
+        }
         // ApiVersions and the SASL APIs are answered before authorization (connection.rs).
         body => Checked::Serve(body, None),
     }
