@@ -33,12 +33,13 @@ fn simulate(opts: SimOptions) -> SimReport {
 
 fn describe(r: &SimReport) -> String {
     format!(
-        "seed {}: {} acked ({} idempotent), {} failed, {} retentions, {} crashes ({} aimed, {} lost unsynced bytes, {} bytes dropped), {} power losses, {} partitions, {} log rots ({} aimed, {} hit committed entries), {} vote rots ({} lost the latest save), {}/{} repairs finished, {} leaders, hw {}, {} reads checked; offsets: {} commits acked, {} failed, {} rebuilds observed, {} leaders, hw {}; trace {:016x}",
+        "seed {}: {} acked ({} idempotent), {} failed, {} retentions, {} handovers, {} crashes ({} aimed, {} lost unsynced bytes, {} bytes dropped), {} power losses, {} partitions, {} log rots ({} aimed, {} hit committed entries), {} vote rots ({} lost the latest save), {}/{} repairs finished, {} leaders, hw {}, {} reads checked; offsets: {} commits acked, {} failed, {} rebuilds observed, {} leaders, hw {}; trace {:016x}",
         r.seed,
         r.acknowledged,
         r.idempotent_acknowledged,
         r.failed_appends,
         r.retentions,
+        r.handovers,
         r.crashes,
         r.aimed_crashes,
         r.crashes_losing_unsynced,
@@ -82,6 +83,7 @@ struct Totals {
     repairs_finished: usize,
     commits_acknowledged: usize,
     rebuilds: usize,
+    handovers: usize,
 }
 
 impl Totals {
@@ -101,6 +103,7 @@ impl Totals {
         self.repairs_finished += r.repairs_finished;
         self.commits_acknowledged += r.commits_acknowledged;
         self.rebuilds += r.rebuilds;
+        self.handovers += r.handovers;
     }
 
     /// Share of crashes that dropped written but unsynced bytes.
@@ -110,7 +113,7 @@ impl Totals {
 
     fn describe(&self) -> String {
         format!(
-            "{} seeds: {} crashes, {} power losses, {} aimed at a write in flight, {} crashes that lost unsynced bytes ({:.1}%), {} unsynced bytes dropped; bit rot: {} in synced log bytes ({} aimed, {} destroyed committed entries), {} in vote files ({} lost the latest save), {} repairs started, {} finished; offsets group: {} commits acknowledged, {} rebuilds observed",
+            "{} seeds: {} crashes, {} power losses, {} aimed at a write in flight, {} crashes that lost unsynced bytes ({:.1}%), {} unsynced bytes dropped; bit rot: {} in synced log bytes ({} aimed, {} destroyed committed entries), {} in vote files ({} lost the latest save), {} repairs started, {} finished; offsets group: {} commits acknowledged, {} rebuilds observed; {} handovers",
             self.seeds,
             self.crashes,
             self.power_losses,
@@ -126,7 +129,8 @@ impl Totals {
             self.repairs_started,
             self.repairs_finished,
             self.commits_acknowledged,
-            self.rebuilds
+            self.rebuilds,
+            self.handovers
         )
     }
 }
@@ -188,6 +192,12 @@ fn ci_seeds() {
         totals.crashes
     );
     assert!(total_acked > 100, "too few acknowledgements: {total_acked}");
+    // Leadership is handed over, under the same faults.
+    assert!(
+        totals.handovers > CI_SEEDS.count(),
+        "too few handovers: {}",
+        totals.handovers
+    );
     // The offsets group is exercised too: commits acknowledged and rebuilds observed.
     assert!(
         totals.commits_acknowledged > 20 * CI_SEEDS.count()

@@ -12,7 +12,9 @@
 //!
 //! Faults: crashes of one replica, power loss of all three (every unsynced write dropped, a
 //! torn prefix of the unsynced tail kept at random), restarts, network partitions (one replica
-//! isolated, or one link cut), healing, message loss, and delay spikes. Most crashes and power
+//! isolated, or one link cut), healing, message loss, delay spikes, and handovers of each
+//! group's leadership (to its preferred replica, as the broker's leader balance does, or from
+//! it to another). Most crashes and power
 //! losses are aimed at a write in flight: the schedule slows the next fsync of the replica it
 //! picked and waits for that replica to hold written but unsynced bytes, since a crash at a
 //! random moment seldom lands between a write and its fsync (the moment that loses data).
@@ -91,6 +93,10 @@ const NODES: [NodeId; 3] = [1, 2, 3];
 /// offsets.
 const DATA: usize = 0;
 const OFFSETS: usize = 1;
+/// Each group's preferred replica (the first of its members in a broker): the one that takes
+/// the first turn in a new group, stands first when its leader falls silent, and is handed
+/// leadership by the handover faults, as the broker's leader balance does.
+const PREFERRED: [NodeId; 2] = [1, 2];
 /// Virtual ms between faults: scaled to the production election timeouts (300-600 ms), so
 /// that the cluster elects leaders between faults as a real one does.
 const FAULT_GAP_MS: std::ops::Range<u64> = 300..1200;
@@ -164,6 +170,8 @@ pub struct SimOptions {
     pub rot_percent: u32,
     /// Weight of the aimed bit-rot scenario among the faults (the others weigh 100 together).
     pub aimed_rot_weight: u32,
+    /// Weight of leadership handovers among the faults (out of 100 plus the two weights).
+    pub handover_weight: u32,
     /// Whether replicas enforce the repair guard. Off only to show what it prevents.
     #[doc(hidden)]
     pub repair_guard: bool,
@@ -188,6 +196,7 @@ impl SimOptions {
             aimed_percent: 75,
             rot_percent: 35,
             aimed_rot_weight: 8,
+            handover_weight: 10,
             repair_guard: true,
             rebuild_past_high_watermark: false,
             retention_percent: 4,
@@ -241,6 +250,8 @@ pub struct SimReport {
     pub commits_acknowledged: usize,
     /// Times the data leader moved the log start (retention).
     pub retentions: usize,
+    /// Handovers of a group's leadership started (either group).
+    pub handovers: usize,
     pub failed_commits: usize,
     pub rebuilds: usize,
     pub offsets_leaders: usize,
@@ -404,7 +415,11 @@ impl World {
             max_entry_bytes: crate::partition::ENTRY_BYTES_MAX,
             max_queued_bytes: crate::partition::PROPOSER_QUEUE_BYTES_MAX,
             table_snapshot_every: self.opts.offsets_snapshot_every,
-            preferred: None,
+            preferred: Some(if dir == DATA_DIR {
+                PREFERRED[DATA]
+            } else {
+                PREFERRED[OFFSETS]
+            }),
         }
     }
 
@@ -734,6 +749,42 @@ impl World {
         self.log(format!("retention on leader {}: {command:?}", leader.id()));
         // Not awaited: the command is queued either way, and the run goes on.
         drop(leader.proposer().submit_command(command));
+    }
+
+    /// Each group's leader hands its leadership over (kiln-raft `Liveness::hand_over`): to
+    /// the preferred replica, as the broker's leader balance and ElectLeaders do, or, when it
+    /// is the preferred one, to another replica drawn at random. The leader stops taking
+    /// writes, waits for the other to catch up, and falls silent.
+    fn hand_over(&mut self) {
+        for group in [DATA, OFFSETS] {
+            let Some(leader) = leader_of(&self.up_in(group)) else {
+                continue;
+            };
+            let to = if leader.id() == PREFERRED[group] {
+                let others: Vec<NodeId> = NODES
+                    .iter()
+                    .copied()
+                    .filter(|&n| n != leader.id())
+                    .collect();
+                others[self.rng.random_range(0..others.len())]
+            } else {
+                PREFERRED[group]
+            };
+            let name = if group == DATA { "data" } else { "offsets" };
+            match leader.hand_over(to) {
+                Ok(()) => {
+                    self.report.handovers += 1;
+                    self.log(format!(
+                        "handover: {name} leader {} hands over to {to}",
+                        leader.id()
+                    ));
+                }
+                Err(e) => self.log(format!(
+                    "handover: {name} leader {} refused: {e}",
+                    leader.id()
+                )),
+            }
+        }
     }
 
     fn power_loss(&mut self, why: &str) {
@@ -1259,7 +1310,9 @@ pub async fn run(opts: SimOptions) -> SimReport {
         }
         if now >= next_fault {
             next_fault = now + world.rng.random_range(FAULT_GAP_MS);
-            let roll = world.rng.random_range(0..100 + opts.aimed_rot_weight);
+            let roll = world
+                .rng
+                .random_range(0..100 + opts.aimed_rot_weight + opts.handover_weight);
             let up: Vec<NodeId> = world.up().iter().map(|r| r.id()).collect();
             let down = world.down();
             // Drawn only when aiming is on, so that with it off no fault moves.
@@ -1318,6 +1371,7 @@ pub async fn run(opts: SimOptions) -> SimReport {
                     world.router.lock().cut.clear();
                     world.log("network healed".to_string());
                 }
+                r if r >= 100 + opts.aimed_rot_weight => world.hand_over(),
                 100.. => rot_hunt = world.begin_rot_hunt(now),
                 _ => {
                     let max = world.rng.random_range(50..300);

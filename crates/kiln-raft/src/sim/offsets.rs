@@ -286,13 +286,17 @@ pub(super) async fn rebuild(
         return false;
     };
     let began = Instant::now();
+    let table = lock(shared).off.tables.get(&leader.id()).cloned();
     let ready =
         tokio::time::timeout(Duration::from_secs(1), leader.raft().ensure_linearizable()).await;
     if !matches!(ready, Ok(Ok(_))) {
         return false;
     }
-    // A coordinator that crashed while it waited serves nothing.
-    if !router.lock().up.contains_key(&(OFFSETS, leader.id())) {
+    // A coordinator that crashed while it waited serves nothing, even if its broker is back:
+    // the replica up now is another one (its table is another, still being rebuilt).
+    let now = lock(shared).off.tables.get(&leader.id()).cloned();
+    let same = matches!((&table, &now), (Some(a), Some(b)) if Arc::ptr_eq(a, b));
+    if !same || !router.lock().up.contains_key(&(OFFSETS, leader.id())) {
         return false;
     }
     record_rebuild(&leader, shared, start, began, past_high_watermark)
