@@ -19,10 +19,21 @@ test_a_thousand_partitions_survive_the_loss_of_a_broker
   partitions acknowledged a write (median and max), the rejoin time and the records written.
   docs/benchmarks.md has the same figures for 3,000 partitions from `kiln-bench partitions`
   with a release build.
+
+Run on request (KILN_SCALE=1), not in every `scripts/test`: with the debug build on a 2-core
+machine, one run in nine fell into an election storm while the three brokers opened their
+replicas (leases lapsing on a saturated machine, vote requests timing out after 300 ms, every
+group standing again in a higher term: terms past 200 and no partition led after 120 s). The
+release build has not shown it (`kiln-bench partitions`, 3,000 partitions); docs/replication.md
+names it among what is still weak. Once elections back off under that load, this test joins
+the suite.
+
+    KILN_SCALE=1 KILN_BIN=$PWD/target/debug/kiln .venv/bin/python -m pytest -s tests/test_partition_scale.py
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -33,7 +44,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
 from kiln_cluster import cluster_fixture
-from kiln_testlib import rdk_consumer, rdk_producer
+from kiln_testlib import kiln, rdk_consumer, rdk_producer
 
 TOPIC = "scale"
 PARTITIONS = 1000
@@ -49,7 +60,11 @@ WATERMARK_RETRIABLE = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NO
                        KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT, KafkaError._TRANSPORT}
 
 # Creating and reading back a thousand partitions takes longer than the suite's usual bound.
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(os.environ.get("KILN_SCALE") != "1",
+                       reason="run on request: KILN_SCALE=1 (see the module doc)"),
+]
 
 
 @pytest.fixture
@@ -209,6 +224,18 @@ def test_a_thousand_partitions_survive_the_loss_of_a_broker(cluster):
         wait_until("the victim back in every partition's in-sync replicas",
                    lambda: in_sync_everywhere(cluster), REJOIN_TIMEOUT_S, cluster, pause_s=0.5)
         rejoin_s = time.monotonic() - restarted
+        # Whatever the leader balance has not yet handed back, an on-demand election does.
+        elect_started = time.monotonic()
+        elect = kiln("cluster", "elect-leaders", "--topic", TOPIC, "--wait-s", "60",
+                     "--bootstrap", cluster.nodes[victim].addr, timeout_s=120)
+        elect_s = time.monotonic() - elect_started
+        summary = elect.stdout.strip().splitlines()[-1]
+        assert summary.endswith(" 0 failed"), elect.stdout[-2000:]
+        led_now = cluster.wait_leaders(TOPIC, PARTITIONS)
+        preferred = {p: st.replicas[0] for p, st in
+                     cluster.view(victim, [TOPIC]).topics[TOPIC][1].items()}
+        astray = [p for p, (l, _) in led_now.items() if l != preferred[p]]
+        assert not astray, f"{len(astray)} partitions not on their preferred replica: {astray[:10]}"
         time.sleep(1.0)
     finally:
         writer.stop.set()
@@ -240,5 +267,6 @@ def test_a_thousand_partitions_survive_the_loss_of_a_broker(cluster):
           f"{victim} led {victim_led}; after its kill -9 every partition was led again in "
           f"{all_led_s:.2f} s, and its partitions acknowledged a write after "
           f"{statistics.median(first_ack):.2f} s (median), {max(first_ack):.2f} s (max); "
-          f"back in every ISR {rejoin_s:.2f} s after its restart; {acked} records written, "
+          f"back in every ISR {rejoin_s:.2f} s after its restart; `kiln cluster elect-leaders` "
+          f"({summary}) in {elect_s:.2f} s; {acked} records written, "
           f"none lost or duplicated, read back in {read_s:.2f} s; {time.monotonic() - started:.0f} s in all")
