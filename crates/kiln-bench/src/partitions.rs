@@ -207,25 +207,13 @@ fn wait_balanced(bootstrap: &str, partitions: i32) -> anyhow::Result<(Vec<i32>, 
     let start = Instant::now();
     let mut first: Option<usize> = None;
     loop {
-        let md = client
-            .fetch_metadata(Some(TOPIC), Duration::from_secs(5))
-            .context("fetching metadata")?;
-        let topic = md.topics().first().context("no topic in the metadata")?;
-        let mut leaders = vec![-1; partitions as usize];
-        let mut elsewhere = 0;
-        for p in topic.partitions() {
-            if p.replicas().first() != Some(&p.leader()) {
-                elsewhere += 1;
-            }
-            if let Some(slot) = usize::try_from(p.id())
-                .ok()
-                .and_then(|i| leaders.get_mut(i))
-            {
-                *slot = p.leader();
-            }
-        }
+        let Leadership {
+            leaders,
+            elsewhere,
+            listed,
+        } = leadership(&client, partitions)?;
         let unbalanced = *first.get_or_insert(elsewhere);
-        if elsewhere == 0 && topic.partitions().len() == leaders.len() {
+        if elsewhere == 0 && listed == leaders.len() {
             return Ok((leaders, start.elapsed(), unbalanced));
         }
         if start.elapsed() >= BALANCE_TIMEOUT {
@@ -332,12 +320,30 @@ fn metadata_client(bootstrap: &str) -> anyhow::Result<BaseConsumer> {
 
 /// The leader of each partition (-1 where none), per Metadata.
 fn leaders_from(client: &BaseConsumer, partitions: i32) -> anyhow::Result<Vec<i32>> {
+    Ok(leadership(client, partitions)?.leaders)
+}
+
+/// What one Metadata answer says of the topic's leadership.
+struct Leadership {
+    /// Per partition, its leader (-1: none named, or the partition not listed).
+    leaders: Vec<i32>,
+    /// Partitions led by a broker other than their preferred replica (the first listed).
+    elsewhere: usize,
+    /// Partitions the answer listed.
+    listed: usize,
+}
+
+fn leadership(client: &BaseConsumer, partitions: i32) -> anyhow::Result<Leadership> {
     let md = client
         .fetch_metadata(Some(TOPIC), Duration::from_secs(5))
         .context("fetching metadata")?;
     let topic = md.topics().first().context("no topic in the metadata")?;
-    let mut leaders = vec![-1; partitions as usize];
+    let mut leaders = vec![-1; usize::try_from(partitions).unwrap_or(0)];
+    let mut elsewhere = 0;
     for p in topic.partitions() {
+        if p.replicas().first() != Some(&p.leader()) {
+            elsewhere += 1;
+        }
         if let Some(slot) = usize::try_from(p.id())
             .ok()
             .and_then(|i| leaders.get_mut(i))
@@ -345,7 +351,11 @@ fn leaders_from(client: &BaseConsumer, partitions: i32) -> anyhow::Result<Vec<i3
             *slot = p.leader();
         }
     }
-    Ok(leaders)
+    Ok(Leadership {
+        leaders,
+        elsewhere,
+        listed: topic.partitions().len(),
+    })
 }
 
 /// One broker's Metadata for `partition`, and its high watermark read through that broker
