@@ -14,6 +14,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -325,6 +326,38 @@ class Delivered:
     @property
     def count(self) -> int:
         return len(self.ok) + len(self.failed)
+
+
+class RoundRobinWriter(threading.Thread):
+    """Produces records "P:SEQ" keyed "kP" to partitions 0..partitions-1 of `topic` in turn,
+    from a thread, until `stop` is set, pausing `pause_s` after every `burst` records. `sent[p]`
+    lists partition p's values in the order sent; `on_delivery` gets every delivery report;
+    an exception in the loop is kept in `error` for the test to report."""
+
+    def __init__(self, producer, topic: str, partitions: int, on_delivery,
+                 burst: int = 1, pause_s: float = 0.002):
+        super().__init__(daemon=True)
+        self.producer, self.topic, self.partitions = producer, topic, partitions
+        self.on_delivery, self.burst, self.pause_s = on_delivery, burst, pause_s
+        self.sent: list[list[bytes]] = [[] for _ in range(partitions)]
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self):
+        try:
+            n = 0
+            while not self.stop.is_set():
+                p = n % self.partitions
+                value = f"{p}:{len(self.sent[p])}".encode()
+                self.producer.produce(self.topic, value=value, key=f"k{p}".encode(), partition=p,
+                                      on_delivery=self.on_delivery)
+                self.sent[p].append(value)
+                n += 1
+                self.producer.poll(0)
+                if n % self.burst == 0:
+                    time.sleep(self.pause_s)
+        except BaseException as e:  # reported by the test
+            self.error = e
 
 
 def flush_all(producer, expected: int, delivered: Delivered, timeout_s: float = 30.0) -> None:

@@ -38,13 +38,12 @@ test_elect_leaders_on_demand_with_kiln_and_librdkafka
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 
 from kiln_cluster import cluster_fixture
-from kiln_testlib import Delivered, kiln, read_partition, rdk_producer
+from kiln_testlib import Delivered, RoundRobinWriter, kiln, read_partition, rdk_producer
 
 TOPIC = "balance"
 PARTITIONS = 6
@@ -59,34 +58,17 @@ def cluster(request, tmp_path):
                                cluster_settings={"leader_rebalance_interval_ms": 1000})
 
 
-class Writer(threading.Thread):
-    """Produces keyed records round-robin over the partitions until stopped."""
-
-    def __init__(self, cluster):
-        super().__init__(daemon=True)
-        self.producer = rdk_producer(cluster.nodes[cluster.ids[0]],
-                                     **{"bootstrap.servers": cluster.addr,
-                                        "enable.idempotence": True,
-                                        "message.timeout.ms": 60000})
-        self.delivered = Delivered()
-        self.sent: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self):
-        try:
-            n = 0
-            while not self.stop.is_set():
-                p = n % PARTITIONS
-                value = f"{p}:{len(self.sent[p])}".encode()
-                self.producer.produce(TOPIC, value=value, key=f"k{p}".encode(), partition=p,
-                                      on_delivery=self.delivered.cb)
-                self.sent[p].append(value)
-                n += 1
-                self.producer.poll(0)
-                time.sleep(0.002)
-        except BaseException as e:  # reported by the test
-            self.error = e
+def make_writer(cluster) -> RoundRobinWriter:
+    """An idempotent librdkafka producer writing to every partition in turn; its delivery
+    reports in `.delivered`."""
+    delivered = Delivered()
+    w = RoundRobinWriter(rdk_producer(cluster.nodes[cluster.ids[0]],
+                                      **{"bootstrap.servers": cluster.addr,
+                                         "enable.idempotence": True,
+                                         "message.timeout.ms": 60000}),
+                         TOPIC, PARTITIONS, delivered.cb)
+    w.delivered = delivered
+    return w
 
 
 def preferred_of(cluster) -> dict[int, int]:
@@ -121,7 +103,7 @@ def assert_written_once(cluster, writer, preferred: dict[int, int]) -> int:
     remaining = writer.producer.flush(FLUSH_TIMEOUT_S)
     assert remaining == 0, f"{remaining} records not acknowledged after {FLUSH_TIMEOUT_S}s"
     assert not writer.delivered.failed, writer.delivered.failed[:5]
-    total = sum(len(v) for v in writer.sent.values())
+    total = sum(len(v) for v in writer.sent)
     assert writer.delivered.count == total
 
     acked = {(m.partition(), m.offset()): m.value() for m in writer.delivered.ok}
@@ -142,7 +124,7 @@ def test_leaders_return_to_preferred_replicas_without_loss_or_duplicates(cluster
     assert sorted(preferred.values()) == sorted(cluster.ids * (PARTITIONS // len(cluster.ids))), preferred
     first = wait_balanced(cluster, preferred)
 
-    writer = Writer(cluster)
+    writer = make_writer(cluster)
     writer.start()
     try:
         time.sleep(1.0)
@@ -200,7 +182,7 @@ def test_elect_leaders_on_demand_with_kiln_and_librdkafka(manual_cluster):
     victim = preferred[0]
     mine = sorted(p for p, b in preferred.items() if b == victim)
 
-    writer = Writer(cluster)
+    writer = make_writer(cluster)
     writer.start()
     try:
         time.sleep(1.0)

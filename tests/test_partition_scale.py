@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import threading
 import time
 from collections import Counter
 
@@ -44,7 +43,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
 from kiln_cluster import cluster_fixture
-from kiln_testlib import kiln, rdk_consumer, rdk_producer
+from kiln_testlib import RoundRobinWriter, kiln, rdk_consumer, rdk_producer
 
 TOPIC = "scale"
 PARTITIONS = 1000
@@ -72,43 +71,27 @@ def cluster(request, tmp_path):
     yield from cluster_fixture(request, tmp_path)
 
 
-class Writer(threading.Thread):
-    """Produces to every partition round-robin until stopped; records each partition's
-    acknowledged (offset, value) pairs and when each was acknowledged."""
+class Writer:
+    """An idempotent librdkafka producer writing to every partition in turn (kiln_testlib's
+    RoundRobinWriter); records each partition's acknowledged (offset, value) pairs and when
+    each was acknowledged."""
 
     def __init__(self, cluster):
-        super().__init__(daemon=True)
-        self.producer = rdk_producer(cluster.nodes[cluster.ids[0]],
-                                     **{"bootstrap.servers": cluster.addr,
-                                        "enable.idempotence": True,
-                                        "message.timeout.ms": 120000})
-        self.sent: list[list[bytes]] = [[] for _ in range(PARTITIONS)]
+        producer = rdk_producer(cluster.nodes[cluster.ids[0]],
+                                **{"bootstrap.servers": cluster.addr,
+                                   "enable.idempotence": True,
+                                   "message.timeout.ms": 120000})
         self.acked: list[list[tuple[int, bytes, float]]] = [[] for _ in range(PARTITIONS)]
         self.failed: list[tuple[KafkaError, int, bytes]] = []
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
+        self.thread = RoundRobinWriter(producer, TOPIC, PARTITIONS, self.on_delivery,
+                                       burst=WRITE_BURST, pause_s=WRITE_PAUSE_S)
+        self.producer, self.sent, self.stop = producer, self.thread.sent, self.thread.stop
 
     def on_delivery(self, err, msg):
         if err is None:
             self.acked[msg.partition()].append((msg.offset(), msg.value(), time.monotonic()))
         else:
             self.failed.append((err, msg.partition(), msg.value()))
-
-    def run(self):
-        try:
-            n = 0
-            while not self.stop.is_set():
-                p = n % PARTITIONS
-                value = f"{p}:{len(self.sent[p])}".encode()
-                self.producer.produce(TOPIC, value=value, key=f"k{p}".encode(), partition=p,
-                                      on_delivery=self.on_delivery)
-                self.sent[p].append(value)
-                n += 1
-                self.producer.poll(0)
-                if n % WRITE_BURST == 0:
-                    time.sleep(WRITE_PAUSE_S)
-        except BaseException as e:  # reported by the test
-            self.error = e
 
     def all_acknowledged_once(self) -> bool:
         return all(self.acked)
@@ -197,7 +180,7 @@ def test_a_thousand_partitions_survive_the_loss_of_a_broker(cluster):
     assert len(created) == PARTITIONS
 
     writer = Writer(cluster)
-    writer.start()
+    writer.thread.start()
     try:
         wait_until("an acknowledged record on every partition", writer.all_acknowledged_once,
                    FLUSH_TIMEOUT_S, cluster)
@@ -239,8 +222,8 @@ def test_a_thousand_partitions_survive_the_loss_of_a_broker(cluster):
         time.sleep(1.0)
     finally:
         writer.stop.set()
-        writer.join(timeout=10)
-    assert writer.error is None, f"the writer failed: {writer.error!r}"
+        writer.thread.join(timeout=10)
+    assert writer.thread.error is None, f"the writer failed: {writer.thread.error!r}"
     remaining = writer.producer.flush(FLUSH_TIMEOUT_S)
     assert remaining == 0, f"{remaining} records unacknowledged after {FLUSH_TIMEOUT_S}s"
     assert not writer.failed, f"{len(writer.failed)} records failed, first {writer.failed[:3]}"

@@ -202,10 +202,7 @@ impl AclFlags {
 
 pub async fn run(args: AclsArgs) -> anyhow::Result<()> {
     let timeout = args.broker.timeout();
-    let security = args.broker.security()?;
-    let mut conn = Connection::open(&args.broker.bootstrap, timeout, &security)
-        .await
-        .with_context(|| format!("connecting to {}", args.broker.bootstrap))?;
+    let mut conn = args.broker.connect().await?;
     match args.command {
         AclsCommand::Create { acl } => create(&mut conn, timeout, &acl).await,
         AclsCommand::Delete { acl, all } => {

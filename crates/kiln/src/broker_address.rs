@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::bail;
+use anyhow::{bail, Context as _};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
@@ -76,6 +76,14 @@ impl BrokerAddress {
     /// The wait for any one broker exchange (at least one second).
     pub fn timeout(&self) -> Duration {
         Duration::from_secs(self.timeout_s.max(1))
+    }
+
+    /// A connection to `--bootstrap` with the flags' TLS and SASL, within `timeout`.
+    pub async fn connect(&self) -> anyhow::Result<kiln_client::Connection> {
+        let security = self.security()?;
+        kiln_client::Connection::open(&self.bootstrap, self.timeout(), &security)
+            .await
+            .with_context(|| format!("connecting to {}", self.bootstrap))
     }
 }
 

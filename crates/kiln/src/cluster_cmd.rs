@@ -54,10 +54,7 @@ enum ClusterCommand {
 
 pub async fn run(args: ClusterArgs) -> anyhow::Result<bool> {
     let timeout = args.broker.timeout();
-    let security = args.broker.security()?;
-    let mut conn = Connection::open(&args.broker.bootstrap, timeout, &security)
-        .await
-        .with_context(|| format!("connecting to {}", args.broker.bootstrap))?;
+    let mut conn = args.broker.connect().await?;
     match args.command {
         ClusterCommand::ElectLeaders {
             topics,

@@ -62,9 +62,7 @@ enum TopicsCommand {
 pub async fn run(args: TopicsArgs) -> anyhow::Result<()> {
     let timeout = args.broker.timeout();
     let security = args.broker.security()?;
-    let mut conn = Connection::open(&args.broker.bootstrap, timeout, &security)
-        .await
-        .with_context(|| format!("connecting to {}", args.broker.bootstrap))?;
+    let mut conn = args.broker.connect().await?;
     // Topic changes go to the controller (in a cluster, other brokers refuse them).
     if matches!(
         args.command,

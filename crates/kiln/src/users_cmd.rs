@@ -55,9 +55,7 @@ enum UsersCommand {
 pub async fn run(args: UsersArgs) -> anyhow::Result<()> {
     let timeout = args.broker.timeout();
     let security = args.broker.security()?;
-    let conn = Connection::open(&args.broker.bootstrap, timeout, &security)
-        .await
-        .with_context(|| format!("connecting to {}", args.broker.bootstrap))?;
+    let conn = args.broker.connect().await?;
     let mut conn = crate::topics_cmd::connect_controller(conn, timeout, &security).await?;
     let request = match args.command {
         UsersCommand::List => return list(&mut conn, timeout).await,
