@@ -10,16 +10,12 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use kafka_protocol::messages::elect_leaders_request::TopicPartitions;
-use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-use kafka_protocol::messages::{
-    ElectLeadersRequest, MetadataRequest, RequestKind, ResponseKind, TopicName,
-};
-use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::messages::{ElectLeadersRequest, RequestKind, ResponseKind};
 use kafka_protocol::ResponseError;
 use kiln_client::Connection;
 
 use crate::broker_address::BrokerAddress;
-use crate::topics_cmd::error_text;
+use crate::topics_cmd::{error_text, metadata, topic_name};
 
 /// Longest `--wait-s` (the brokers cap their own wait at 60 s).
 const WAIT_S_MAX: u64 = 60;
@@ -147,13 +143,7 @@ async fn partition_count(
     timeout: Duration,
     topic: &str,
 ) -> anyhow::Result<i32> {
-    let request = MetadataRequest::default().with_topics(Some(vec![
-        MetadataRequestTopic::default().with_name(Some(topic_name(topic))),
-    ]));
-    let ResponseKind::Metadata(m) = conn.call(RequestKind::Metadata(request), timeout).await?
-    else {
-        bail!("unexpected response to Metadata");
-    };
+    let m = metadata(conn, timeout, Some(topic)).await?;
     let Some(t) = m.topics.first() else {
         bail!("the broker did not describe topic {topic:?}");
     };
@@ -164,8 +154,4 @@ async fn partition_count(
         bail!("topic {topic:?}: {}", error_text(t.error_code, None));
     }
     i32::try_from(t.partitions.len()).context("partition count")
-}
-
-fn topic_name(name: &str) -> TopicName {
-    TopicName(StrBytes::from_string(name.to_string()))
 }

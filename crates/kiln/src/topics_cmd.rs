@@ -129,7 +129,7 @@ pub(crate) async fn connect_controller(
         })
 }
 
-fn topic_name(name: &str) -> TopicName {
+pub(crate) fn topic_name(name: &str) -> TopicName {
     TopicName(StrBytes::from_string(name.to_string()))
 }
 
@@ -183,7 +183,7 @@ async fn create(
     Ok(())
 }
 
-async fn metadata(
+pub(crate) async fn metadata(
     conn: &mut Connection,
     timeout: Duration,
     name: Option<&str>,
