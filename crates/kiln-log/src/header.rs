@@ -24,7 +24,7 @@
 //! | 88 | checkpoint_next_kafka i64 | |
 //! | 96 | checkpoint_last_term u64 | |
 //! | 104 | checkpoint_max_ts i64 | largest data batch timestamp below `checkpoint_len` |
-//! | 112 | flags u32 | bit 0: sealed (a closed segment, wholly synced: `synced_len` is its length) |
+//! | 112 | flags u32 | bit 0: sealed (a closed segment, wholly synced: `synced_len` is its length); bit 1: restart (made by `Log::reset`: the log starts over here) |
 //! | 116 | reserved u32 (0) | |
 //! | 120 | crc u32 | CRC32C of bytes 0..120 |
 //! | 124 | reserved u32 (0) | |
@@ -38,6 +38,7 @@ pub const SLOT_B_AT: u64 = 512;
 const MAGIC: &[u8; 8] = b"KLNSEG\x00\x01";
 const CRC_AT: usize = 120;
 const FLAG_SEALED: u32 = 1;
+const FLAG_RESTART: u32 = 2;
 
 /// A position in the log: byte length of the segment file and the entry that starts there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -60,11 +61,15 @@ pub struct Slot {
     pub checkpoint: Mark,
     pub checkpoint_max_ts: i64,
     pub sealed: bool,
+    /// The segment starts the log over ([`crate::Log::reset`]): older segments before a gap
+    /// are what the reset left behind. Without it a gap is lost data, never a reason to drop
+    /// what comes before.
+    pub restart: bool,
 }
 
 impl Slot {
     /// The slot of a new, empty segment.
-    pub fn new(base_index: u64, base_kafka: i64, prev_term: u64) -> Slot {
+    pub fn new(base_index: u64, base_kafka: i64, prev_term: u64, restart: bool) -> Slot {
         let empty = Mark {
             len: HEADER_LEN,
             next_index: base_index,
@@ -80,6 +85,7 @@ impl Slot {
             checkpoint: empty,
             checkpoint_max_ts: i64::MIN,
             sealed: false,
+            restart,
         }
     }
 
@@ -110,7 +116,9 @@ impl Slot {
             put(&m.last_term.to_be_bytes());
         }
         put(&self.checkpoint_max_ts.to_be_bytes());
-        put(&(if self.sealed { FLAG_SEALED } else { 0 }).to_be_bytes());
+        let flags =
+            if self.sealed { FLAG_SEALED } else { 0 } | if self.restart { FLAG_RESTART } else { 0 };
+        put(&flags.to_be_bytes());
         let crc = crc32c::crc32c(&b[..CRC_AT]);
         b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
         b
@@ -147,6 +155,7 @@ impl Slot {
             checkpoint: mark(72)?,
             checkpoint_max_ts: u(104)? as i64,
             sealed: flags & FLAG_SEALED != 0,
+            restart: flags & FLAG_RESTART != 0,
         };
         // A slot whose claims contradict each other is as good as damaged.
         let sane = slot.synced.len >= HEADER_LEN
@@ -182,9 +191,9 @@ pub fn read_best(header: &[u8]) -> Option<Slot> {
 }
 
 /// A whole header for a new segment: both slots (sequence 0 and 1) say the same thing.
-pub fn initial(base_index: u64, base_kafka: i64, prev_term: u64) -> Vec<u8> {
+pub fn initial(base_index: u64, base_kafka: i64, prev_term: u64, restart: bool) -> Vec<u8> {
     let mut out = vec![0u8; HEADER_LEN as usize];
-    let first = Slot::new(base_index, base_kafka, prev_term);
+    let first = Slot::new(base_index, base_kafka, prev_term, restart);
     let second = Slot { seq: 1, ..first };
     out[..SLOT_LEN].copy_from_slice(&first.encode());
     out[SLOT_B_AT as usize..SLOT_B_AT as usize + SLOT_LEN].copy_from_slice(&second.encode());
@@ -198,7 +207,7 @@ mod tests {
 
     #[test]
     fn slots_round_trip_and_the_newer_valid_one_wins() {
-        let mut h = initial(10, 500, 3);
+        let mut h = initial(10, 500, 3, false);
         let best = read_best(&h).unwrap();
         assert_eq!((best.seq, best.base_index, best.base_kafka), (1, 10, 500));
         let mut next = Slot {
@@ -222,5 +231,19 @@ mod tests {
         h[SLOT_B_AT as usize + 3] = 0;
         assert_eq!(read_best(&h), None);
         assert_eq!(read_best(&[]), None);
+    }
+
+    #[test]
+    fn the_restart_flag_round_trips_beside_the_seal() {
+        for (sealed, restart) in [(false, true), (true, true), (true, false)] {
+            let slot = Slot {
+                sealed,
+                ..Slot::new(7, 70, 2, restart)
+            };
+            let back = Slot::decode(&slot.encode()).unwrap();
+            assert_eq!((back.sealed, back.restart), (sealed, restart));
+        }
+        let h = initial(7, 70, 2, true);
+        assert!(read_best(&h).unwrap().restart);
     }
 }

@@ -34,7 +34,7 @@ use bytes::{Bytes, BytesMut};
 
 use crate::batch::{self, BatchHeader, ControlKind, ProducerBatch, ENTRY_END, TERM_MAX};
 use crate::fs::Fs;
-use crate::header::{Mark, Slot, HEADER_LEN};
+use crate::header::{Mark, HEADER_LEN};
 use crate::points::PointBuilder;
 use crate::recovery::{self, RecoveryReport};
 use crate::segment::{self, Segment};
@@ -475,6 +475,7 @@ impl Log {
             end.next_index,
             end.next_kafka,
             end.last_term,
+            false,
         )
         .inspect_err(|_| {
             // Leave no stray file: an empty segment in the middle would break contiguity.
@@ -647,16 +648,7 @@ impl Log {
         if d.segment != seg.base_index || d.claimed == d.synced {
             return Ok(());
         }
-        let slot = Slot {
-            seq: seg.next_seq(),
-            base_index: seg.base_index,
-            base_kafka: seg.base_kafka,
-            prev_term: seg.prev_term,
-            synced: d.synced,
-            checkpoint: d.checkpoint,
-            checkpoint_max_ts: d.checkpoint_max_ts,
-            sealed: false,
-        };
+        let slot = seg.slot(d.synced, d.checkpoint, d.checkpoint_max_ts, false);
         seg.write_slot(&slot)?;
         d.claimed = d.synced;
         Ok(())
@@ -690,16 +682,7 @@ impl Log {
             }
         }
         let end = seg.end();
-        let slot = Slot {
-            seq: seg.next_seq(),
-            base_index: seg.base_index,
-            base_kafka: seg.base_kafka,
-            prev_term: seg.prev_term,
-            synced: end,
-            checkpoint: end,
-            checkpoint_max_ts: seg.max_ts(),
-            sealed: true,
-        };
+        let slot = seg.slot(end, end, seg.max_ts(), true);
         seg.write_slot(&slot)?;
         seg.file
             .sync()
@@ -769,16 +752,7 @@ impl Log {
         };
         // Both slots, so no older slot with a longer claim can win at recovery.
         for _ in 0..2 {
-            seg.write_slot(&Slot {
-                seq: seg.next_seq(),
-                base_index: seg.base_index,
-                base_kafka: seg.base_kafka,
-                prev_term: seg.prev_term,
-                synced: claim,
-                checkpoint,
-                checkpoint_max_ts,
-                sealed: false,
-            })?;
+            seg.write_slot(&seg.slot(claim, checkpoint, checkpoint_max_ts, false))?;
         }
         seg.file
             .sync_now()
@@ -888,6 +862,7 @@ impl Log {
             next_index,
             next_kafka,
             prev_term,
+            true,
         )?);
         for f in [&seg.file, seg.offsets.file(), seg.times.file()] {
             f.sync_now()
@@ -1229,16 +1204,7 @@ impl Log {
                     .map_err(|e| self.poison(format!("fsync {}: {e}", f.describe())))?;
             }
             let end = seg.end();
-            seg.write_slot(&Slot {
-                seq: seg.next_seq(),
-                base_index: seg.base_index,
-                base_kafka: seg.base_kafka,
-                prev_term: seg.prev_term,
-                synced: end,
-                checkpoint: end,
-                checkpoint_max_ts: seg.max_ts(),
-                sealed: true,
-            })?;
+            seg.write_slot(&seg.slot(end, end, seg.max_ts(), true))?;
             seg.file
                 .sync_now()
                 .map_err(|e| self.poison(format!("fsync {}: {e}", seg.path.display())))?;
@@ -1253,16 +1219,7 @@ impl Log {
         }
         let end = active.end();
         let mut d = lock(&self.inner.durable);
-        let slot = Slot {
-            seq: active.next_seq(),
-            base_index: active.base_index,
-            base_kafka: active.base_kafka,
-            prev_term: active.prev_term,
-            synced: end,
-            checkpoint: end,
-            checkpoint_max_ts: active.max_ts(),
-            sealed: false,
-        };
+        let slot = active.slot(end, end, active.max_ts(), false);
         active.write_slot(&slot)?;
         active
             .file

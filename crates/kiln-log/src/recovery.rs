@@ -15,7 +15,10 @@
 //!   (never served) and [`LogTail::Damaged`] says which, so the replica repairs before it votes.
 //!
 //! A segment that starts past the end of the one before it is what a [`crate::Log::reset`]
-//! leaves when a crash cuts it short: the older segments are dropped.
+//! leaves when a crash cuts it short, if its header says it restarts the log: the older segments
+//! are dropped. Any other such gap means the segment before lost its unsynced tail (a new
+//! segment's directory entry can reach the disk before the older segment is sealed): the later
+//! segments continued lost entries and are cut.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -130,7 +133,26 @@ pub(crate) fn recover(fs: &dyn Fs, dir: &Path, config: &LogConfig) -> Result<Rec
         } = f;
         // Where this segment should start.
         if let Some(p) = prev_end {
-            if seg.base_index > p.next_index {
+            let restart = slot.is_some_and(|s| s.restart && s.base_index == seg.base_index);
+            if seg.base_index > p.next_index && !restart {
+                // The previous segment lost its unsynced tail while this one's directory entry
+                // reached the disk. Whatever this one holds continued the lost entries: cut it
+                // and all after. Damage only if it claims synced entries of its own.
+                let reason = format!(
+                    "segment starts at entry {} past the end of the previous one, {}, and no reset made it",
+                    seg.base_index, p.next_index
+                );
+                let claim = slot.as_ref().and_then(claims_data);
+                cut_bytes += cut_rest(
+                    fs,
+                    dir,
+                    seg,
+                    iter.by_ref().map(|(_, f)| f),
+                    &mut dir_changed,
+                )?;
+                tail = damaged_or_torn(p, claim, HEADER_LEN, &reason, dir);
+                break;
+            } else if seg.base_index > p.next_index {
                 tracing::warn!(dir = %dir.display(), from = kept.first().map(|s| s.base_index), to = p.next_index, restart = seg.base_index, "dropping segments left behind by a reset");
                 for s in kept.drain(..) {
                     segment::remove_files(fs, dir, s.base_index)?;
@@ -287,8 +309,8 @@ pub(crate) fn recover(fs: &dyn Fs, dir: &Path, config: &LogConfig) -> Result<Rec
         let path = seg.path.display().to_string();
         let mut later_claims: Vec<Mark> = Vec::new();
         for (_, f) in iter.by_ref() {
-            if let Some(s) = f.slot {
-                later_claims.push(s.synced);
+            if let Some(c) = f.slot.as_ref().and_then(claims_data) {
+                later_claims.push(c);
             }
             let base = f.seg.base_index;
             drop(f.seg);
@@ -335,7 +357,7 @@ pub(crate) fn recover(fs: &dyn Fs, dir: &Path, config: &LogConfig) -> Result<Rec
 
     if kept.is_empty() {
         // A new log, or one whose only segment never reached the disk.
-        let seg = Segment::create(fs, dir, 0, 0, 0)?;
+        let seg = Segment::create(fs, dir, 0, 0, 0, false)?;
         for f in [&seg.file, seg.offsets.file(), seg.times.file()] {
             f.sync_now()
                 .map_err(LogError::io("fsync new segment", &seg.path))?;
@@ -365,16 +387,7 @@ pub(crate) fn recover(fs: &dyn Fs, dir: &Path, config: &LogConfig) -> Result<Rec
     let last_index = kept.len() - 1;
     for (i, seg) in kept.iter().enumerate() {
         let end = seg.end();
-        let slot = Slot {
-            seq: seg.next_seq(),
-            base_index: seg.base_index,
-            base_kafka: seg.base_kafka,
-            prev_term: seg.prev_term,
-            synced: end,
-            checkpoint: end,
-            checkpoint_max_ts: seg.max_ts(),
-            sealed: i != last_index,
-        };
+        let slot = seg.slot(end, end, seg.max_ts(), i != last_index);
         if i == last_index || to_sync.contains(&i) {
             seg.write_slot(&slot)?;
             seg.file
@@ -419,6 +432,13 @@ fn cut_rest(
         *dir_changed = true;
     }
     Ok(bytes)
+}
+
+/// What a later segment's header says was synced before it, if anything: a segment is sealed,
+/// or claims synced entries of its own, only after every segment before it was sealed. A header
+/// claiming nothing past its own start (a new segment's) vouches for nothing before it.
+fn claims_data(slot: &Slot) -> Option<Mark> {
+    (slot.sealed || slot.synced.len > HEADER_LEN).then_some(slot.synced)
 }
 
 fn damaged_or_torn(end: Mark, claim: Option<Mark>, _at: u64, reason: &str, dir: &Path) -> LogTail {

@@ -31,6 +31,8 @@ pub(crate) struct Segment {
     pub base_index: u64,
     pub base_kafka: i64,
     pub prev_term: u64,
+    /// Made by [`crate::Log::reset`]: every slot of its header says so (see [`Slot::restart`]).
+    pub restart: bool,
     pub path: PathBuf,
     pub file: Arc<dyn FsFile>,
     pub offsets: IndexFile<OffsetPoint>,
@@ -70,6 +72,7 @@ impl Segment {
         base_index: u64,
         base_kafka: i64,
         prev_term: u64,
+        restart: bool,
     ) -> Result<Segment, LogError> {
         let path = log_path(dir, base_index);
         let (index_path, time_path) = index_paths(dir, base_index);
@@ -92,8 +95,11 @@ impl Segment {
                 ),
             });
         }
-        file.write_all_at(&header::initial(base_index, base_kafka, prev_term), 0)
-            .map_err(LogError::io("write segment header", &path))?;
+        file.write_all_at(
+            &header::initial(base_index, base_kafka, prev_term, restart),
+            0,
+        )
+        .map_err(LogError::io("write segment header", &path))?;
         let offsets = IndexFile::open(fs, index_path)?;
         let times = IndexFile::open(fs, time_path)?;
         let end = Mark {
@@ -103,7 +109,7 @@ impl Segment {
             last_term: prev_term,
         };
         Ok(Segment::assemble(
-            base_index, base_kafka, prev_term, path, file, offsets, times, end, 1,
+            base_index, base_kafka, prev_term, restart, path, file, offsets, times, end, 1,
         ))
     }
 
@@ -125,8 +131,9 @@ impl Segment {
         let slot = header::read_best(&head);
         let offsets = IndexFile::open(fs, index_path)?;
         let times = IndexFile::open(fs, time_path)?;
-        let (base_kafka, prev_term, seq) =
-            slot.map_or((0, 0, 1), |s| (s.base_kafka, s.prev_term, s.seq));
+        let (base_kafka, prev_term, restart, seq) = slot.map_or((0, 0, false, 1), |s| {
+            (s.base_kafka, s.prev_term, s.restart, s.seq)
+        });
         let end = Mark {
             len: HEADER_LEN,
             next_index: base_index,
@@ -134,7 +141,7 @@ impl Segment {
             last_term: prev_term,
         };
         let seg = Segment::assemble(
-            base_index, base_kafka, prev_term, path, file, offsets, times, end, seq,
+            base_index, base_kafka, prev_term, restart, path, file, offsets, times, end, seq,
         );
         Ok((seg, slot, len))
     }
@@ -144,6 +151,7 @@ impl Segment {
         base_index: u64,
         base_kafka: i64,
         prev_term: u64,
+        restart: bool,
         path: PathBuf,
         file: Arc<dyn FsFile>,
         offsets: IndexFile<OffsetPoint>,
@@ -155,6 +163,7 @@ impl Segment {
             base_index,
             base_kafka,
             prev_term,
+            restart,
             path,
             file,
             offsets,
@@ -247,6 +256,28 @@ impl Segment {
     /// The next slot sequence number.
     pub fn next_seq(&self) -> u64 {
         self.header_seq.load(Ordering::Acquire) + 1
+    }
+
+    /// The next header slot of this segment, claiming `synced` durable and trusting what lies
+    /// below `checkpoint`.
+    pub fn slot(
+        &self,
+        synced: Mark,
+        checkpoint: Mark,
+        checkpoint_max_ts: i64,
+        sealed: bool,
+    ) -> Slot {
+        Slot {
+            seq: self.next_seq(),
+            base_index: self.base_index,
+            base_kafka: self.base_kafka,
+            prev_term: self.prev_term,
+            synced,
+            checkpoint,
+            checkpoint_max_ts,
+            sealed,
+            restart: self.restart,
+        }
     }
 
     /// Reads `len` bytes at `pos`.

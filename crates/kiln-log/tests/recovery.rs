@@ -224,11 +224,20 @@ fn a_reset_cut_short_by_a_crash_keeps_the_new_start() {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Append { batches: usize, control: bool },
+    Append {
+        batches: usize,
+        control: bool,
+    },
     Sync,
     Header,
     Truncate(u8),
-    Crash { keep_percent: u8 },
+    /// Retention: whole segments up to this share of the log go.
+    Purge(u8),
+    /// A snapshot beyond the log: it starts over this many entries past its end.
+    Reset(u8),
+    Crash {
+        keep_percent: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -237,65 +246,166 @@ fn op() -> impl Strategy<Value = Op> {
         3 => Just(Op::Sync),
         1 => Just(Op::Header),
         1 => any::<u8>().prop_map(Op::Truncate),
+        1 => any::<u8>().prop_map(Op::Purge),
+        1 => (0u8..4).prop_map(Op::Reset),
         1 => (0u8..=100).prop_map(|keep_percent| Op::Crash { keep_percent }),
     ]
+}
+
+/// Runs `ops` from an empty log and checks, after every recovery, that the log holds every
+/// entry a completed sync covered, unchanged, then a prefix of what was written after, and that a
+/// crash alone is never reported as damage.
+fn check_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    block_on(async {
+        let mut fs = sim();
+        let (mut log, _) = open_sim(&fs, small_config());
+        // What was appended (index, term, kafka, records) and how much of it is synced.
+        let mut written = entries(&log);
+        let mut synced = written.len();
+        let mut term = 1;
+        for op in ops {
+            match op {
+                Op::Append { batches, control } => {
+                    let spec = if control {
+                        Spec::Control(ControlKind::Blank, vec![])
+                    } else {
+                        data(batches, 2, 1)
+                    };
+                    append(&log, term, &spec);
+                    written = entries(&log);
+                }
+                Op::Sync => {
+                    log.sync().await.unwrap();
+                    synced = written.len();
+                }
+                Op::Header => {
+                    if log.header_behind() {
+                        log.sync_header().await.unwrap();
+                    }
+                }
+                Op::Truncate(at) => {
+                    let at = u64::from(at) % (written.len() as u64 + 1);
+                    let (first, _) = log.first();
+                    log.truncate_from(first + at).unwrap();
+                    written.truncate(at as usize);
+                    synced = synced.min(written.len());
+                    term += 1;
+                }
+                Op::Purge(share) => {
+                    let (first, _) = log.first();
+                    let through = first + u64::from(share) * written.len() as u64 / 255;
+                    log.purge_through(through).unwrap();
+                    let kept = entries(&log);
+                    let gone = written.len() - kept.len();
+                    prop_assert_eq!(&kept[..], &written[gone..]);
+                    written = kept;
+                    synced = synced.saturating_sub(gone);
+                }
+                Op::Reset(past) => {
+                    let tail = log.tail();
+                    let past = u64::from(past);
+                    log.reset(
+                        tail.next_index + past,
+                        tail.next_kafka + 2 * past as i64,
+                        term,
+                    )
+                    .unwrap();
+                    written = entries(&log);
+                    prop_assert!(written.is_empty());
+                    synced = 0;
+                }
+                Op::Crash { keep_percent } => {
+                    drop(log);
+                    let (next, _) = fs.crash(|n| n * u64::from(keep_percent) / 100);
+                    fs = next;
+                    let (reopened, report) = open_sim(&fs, small_config());
+                    prop_assert!(
+                        !matches!(report.tail, LogTail::Damaged(_)),
+                        "{:?}",
+                        report.tail
+                    );
+                    let after = entries(&reopened);
+                    prop_assert!(
+                        after.len() >= synced,
+                        "lost synced entries: {} of {}",
+                        after.len(),
+                        synced
+                    );
+                    prop_assert_eq!(&after[..], &written[..after.len()]);
+                    written = after;
+                    synced = written.len();
+                    log = reopened;
+                    term += 1;
+                }
+            }
+        }
+        Ok(())
+    })
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
     /// Random appends, syncs, truncations and power losses that keep a random part of the
-    /// unsynced writes: after every recovery the log holds every entry that a completed sync
-    /// covered, unchanged, then a prefix of what was written after; a crash alone is never
-    /// reported as damage.
+    /// unsynced writes.
     #[test]
     fn nothing_synced_is_lost_and_crashes_are_never_damage(ops in proptest::collection::vec(op(), 1..80)) {
-        block_on(async {
-            let mut fs = sim();
-            let (mut log, _) = open_sim(&fs, small_config());
-            // What was appended (index, term, kafka, records) and how much of it is synced.
-            let mut written = entries(&log);
-            let mut synced = written.len();
-            let mut term = 1;
-            for op in ops {
-                match op {
-                    Op::Append { batches, control } => {
-                        let spec = if control { Spec::Control(ControlKind::Blank, vec![]) } else { data(batches, 2, 1) };
-                        append(&log, term, &spec);
-                        written = entries(&log);
-                    }
-                    Op::Sync => {
-                        log.sync().await.unwrap();
-                        synced = written.len();
-                    }
-                    Op::Header => {
-                        if log.header_behind() {
-                            log.sync_header().await.unwrap();
-                        }
-                    }
-                    Op::Truncate(at) => {
-                        let at = u64::from(at) % (written.len() as u64 + 1);
-                        log.truncate_from(at).unwrap();
-                        written.truncate(at as usize);
-                        synced = synced.min(written.len());
-                        term += 1;
-                    }
-                    Op::Crash { keep_percent } => {
-                        drop(log);
-                        let (next, _) = fs.crash(|n| n * u64::from(keep_percent) / 100);
-                        fs = next;
-                        let (reopened, report) = open_sim(&fs, small_config());
-                        prop_assert!(!matches!(report.tail, LogTail::Damaged(_)), "{:?}", report.tail);
-                        let after = entries(&reopened);
-                        prop_assert!(after.len() >= synced, "lost synced entries: {} of {}", after.len(), synced);
-                        prop_assert_eq!(&after[..], &written[..after.len()]);
-                        written = after;
-                        synced = written.len();
-                        log = reopened;
-                        term += 1;
-                    }
-                }
-            }
-            Ok(())
-        })?;
+        check_ops(ops)?;
     }
+}
+
+/// A schedule the property found: after a recovery, appends roll into new segments, a
+/// truncation cuts back into them, and a crash that keeps none of the unsynced writes follows.
+/// Everything the recovery had found was on disk and must survive.
+#[test]
+fn a_truncation_after_a_recovery_keeps_what_the_recovery_found() {
+    let a = |batches| Op::Append {
+        batches,
+        control: false,
+    };
+    let mut ops = vec![a(1), a(1), Op::Sync, a(1), a(1), a(1), Op::Truncate(176)];
+    ops.extend(std::iter::repeat_n(a(1), 9));
+    ops.push(Op::Truncate(100));
+    ops.extend(std::iter::repeat_n(a(1), 4));
+    ops.push(Op::Crash { keep_percent: 75 });
+    ops.extend([
+        a(1),
+        a(2),
+        a(2),
+        a(1),
+        a(2),
+        a(1),
+        a(2),
+        a(3),
+        a(2),
+        a(1),
+        a(3),
+        a(1),
+    ]);
+    ops.push(Op::Truncate(51));
+    ops.push(Op::Crash { keep_percent: 0 });
+    check_ops(ops).unwrap();
+}
+
+/// A schedule the property found: a truncation back into the last synced segment after later
+/// segments were rolled, then a crash that keeps almost none of the unsynced writes.
+#[test]
+fn a_truncation_into_the_synced_segment_then_a_crash_is_not_damage() {
+    let a = |batches| Op::Append {
+        batches,
+        control: false,
+    };
+    let mut ops = vec![
+        a(1),
+        a(1),
+        Op::Sync,
+        a(1),
+        a(2),
+        a(1),
+        a(1),
+        Op::Truncate(86),
+    ];
+    ops.extend([a(1), a(2)]);
+    ops.extend(std::iter::repeat_n(a(1), 22));
+    ops.extend([a(2), Op::Truncate(69), Op::Crash { keep_percent: 1 }]);
+    check_ops(ops).unwrap();
 }
