@@ -24,6 +24,8 @@
 //! * **Elections.** Every round, each follower or candidate whose election timeout passed on
 //!   [`Liveness`]'s clock stands ([`crate::partition::PulseDue::Stand`]): openraft checked its
 //!   own on its tick, which is the same period.
+//!   A broker has a bounded, adaptive number of elections in flight at once
+//!   ([`CANDIDACIES_MAX`]); the replicas due past it stand in later rounds, earliest first.
 //! * **Lease lapses.** Every round, each leader's lease is looked at, and a lapse counted.
 //! * **Handovers** (`Liveness::hand_over`). A leader handing its group over beats on until its
 //!   successor answers caught up, then sends nothing more for the group.
@@ -46,6 +48,8 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tokio::time::{Instant, MissedTickBehavior};
 
+use openraft::ServerState;
+
 use crate::liveness::Timings;
 use crate::partition::{PulseDue, ReplicatedPartition};
 use crate::types::{LogId, NodeId};
@@ -54,6 +58,26 @@ use crate::types::{LogId, NodeId};
 /// Each item is a group name (at most 256 bytes, `net/codec.rs`) and 25 bytes more, so a beat
 /// stays well inside the 1 MiB control frame.
 pub const BEAT_ITEMS_MAX: usize = 2048;
+
+/// The most elections one broker has in flight at once: stands whose outcome (a leader of a
+/// later term known, or [`Timings::election_min`] passed: the vote requests' own deadline) is
+/// not known yet.
+///
+/// Why: each stand costs its voters a vote request each, and a granted vote an fsync. When
+/// thousands of groups are leaderless at once on a saturated machine (brokers opening a
+/// thousand replicas each on two busy cores let their leases lapse), unbounded stands make the
+/// vote requests themselves time out, every group stands again in a higher term, and the load
+/// that broke the elections grows with each try: terms climbed past 200 with no leader after
+/// two minutes. So the number in flight is a window that adapts as TCP's does: it halves
+/// (down to [`CANDIDACIES_MIN`]) in a round in which elections timed out, and grows by one for
+/// each election that ended with a leader, up to this bound. A dead broker's thousand groups
+/// elect within the failover target all the same: an election that succeeds ends within a
+/// round trip and frees its place.
+pub const CANDIDACIES_MAX: usize = 128;
+
+/// The window never shrinks below this many elections in flight: even a machine that answers
+/// nothing in time keeps trying.
+pub const CANDIDACIES_MIN: usize = 4;
 
 /// One group's part of a beat: its leader says it leads `term` and has applied its whole log
 /// through `applied` (`None` while anything is unapplied).
@@ -110,6 +134,7 @@ pub async fn run(
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     // Peers whose last beat is still unanswered.
     let busy: Arc<Mutex<BTreeSet<NodeId>>> = Arc::default();
+    let mut candidacies = Candidacies::default();
     loop {
         ticker.tick().await;
         let now = Instant::now();
@@ -117,7 +142,11 @@ pub async fn run(
         let mut leading = Vec::new();
         groups.each(&mut |name, replica| match replica.pulse_due(now, round) {
             PulseDue::Idle => {}
-            PulseDue::Stand(at) => stand.push((at, replica.clone())),
+            PulseDue::Stand(at) => stand.push(Stand {
+                at,
+                term: replica.liveness().role().term,
+                replica: replica.clone(),
+            }),
             PulseDue::Stuck { term, lapsed } => {
                 if lapsed {
                     self::lapsed(name, term, &timings);
@@ -149,9 +178,28 @@ pub async fn run(
                 });
             }
         });
+        let due = stand.len();
+        let stand = candidacies.admit(now, timings.election_min, stand, |replica, term| {
+            let role = replica.liveness().role();
+            if role.term > term && (role.state == ServerState::Leader || role.committed) {
+                Outcome::Elected
+            } else if role.state == ServerState::Candidate {
+                Outcome::Standing
+            } else {
+                Outcome::Other
+            }
+        });
+        if stand.len() < due {
+            tracing::debug!(
+                deferred = due - stand.len(),
+                in_flight = candidacies.open.len(),
+                window = candidacies.window,
+                "elections deferred: the broker has its window of them in flight"
+            );
+        }
         // Each at its own moment, not at the round's: candidates that stood together at every
         // round boundary would split their votes half the time.
-        for (at, replica) in stand {
+        for Stand { at, replica, .. } in stand {
             tokio::spawn(async move {
                 tokio::time::sleep_until(at).await;
                 let now = Instant::now();
@@ -172,6 +220,89 @@ pub async fn run(
                 timings.lease(),
             ));
         }
+    }
+}
+
+/// A replica due to stand at `at`, in `term` (its vote's term when admitted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stand<R> {
+    at: Instant,
+    term: u64,
+    replica: R,
+}
+
+/// Where a replica let stand is now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// A leader of a later term than it stood from is known (itself or another).
+    Elected,
+    /// Still a candidate.
+    Standing,
+    /// Neither: it heard from its leader before its moment and did not stand, or lost.
+    Other,
+}
+
+/// The elections a broker has in flight, and how many it may have (see [`CANDIDACIES_MAX`]).
+struct Candidacies<R> {
+    open: Vec<Stand<R>>,
+    window: usize,
+}
+
+impl<R> Default for Candidacies<R> {
+    fn default() -> Self {
+        Candidacies {
+            open: Vec::new(),
+            window: CANDIDACIES_MAX,
+        }
+    }
+}
+
+impl<R: Clone> Candidacies<R> {
+    /// Of the replicas `due` to stand, those that may, earliest first: as many as the window
+    /// has room for once the finished elections are dropped. An election is finished once its
+    /// moment passed and `outcome(replica, term)` says a leader of a later term than it stood
+    /// from is known (the window grows by one), or `timeout` after its moment: if it is still
+    /// a candidate its vote requests timed out (the window halves, once per round), otherwise
+    /// it did not stand or lost (no change). The rest wait for a later round.
+    fn admit(
+        &mut self,
+        now: Instant,
+        timeout: Duration,
+        mut due: Vec<Stand<R>>,
+        outcome: impl Fn(&R, u64) -> Outcome,
+    ) -> Vec<Stand<R>> {
+        let (mut won, mut timed_out) = (0usize, 0usize);
+        self.open.retain(|c| {
+            if c.at > now {
+                return true;
+            }
+            match outcome(&c.replica, c.term) {
+                Outcome::Elected => {
+                    won += 1;
+                    false
+                }
+                _ if now < c.at + timeout => true,
+                Outcome::Standing => {
+                    timed_out += 1;
+                    false
+                }
+                Outcome::Other => false,
+            }
+        });
+        self.window = if timed_out > 0 {
+            (self.window / 2).max(CANDIDACIES_MIN)
+        } else {
+            (self.window + won).min(CANDIDACIES_MAX)
+        };
+        assert!((CANDIDACIES_MIN..=CANDIDACIES_MAX).contains(&self.window));
+        due.sort_by_key(|c| c.at);
+        due.truncate(self.window.saturating_sub(self.open.len()));
+        self.open.extend(due.iter().cloned());
+        assert!(
+            self.open.len() <= CANDIDACIES_MAX,
+            "admitted past the bound"
+        );
+        due
     }
 }
 
@@ -315,7 +446,90 @@ fn quiet(caught_up: usize, answering: usize, followers: usize) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::quiet;
+    use super::{quiet, Candidacies, Outcome, Stand, CANDIDACIES_MAX, CANDIDACIES_MIN};
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    fn stands(at: Instant, replicas: std::ops::Range<u32>) -> Vec<Stand<u32>> {
+        replicas
+            .map(|replica| Stand {
+                at,
+                term: 1,
+                replica,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn candidacies_stay_within_the_window_and_free_their_places_as_elections_end() {
+        let now = Instant::now();
+        let ms = Duration::from_millis;
+        let timeout = ms(300);
+        let mut c = Candidacies::default();
+        // More due than the window: the earliest go.
+        let mut due = stands(now, 0..CANDIDACIES_MAX as u32 + 10);
+        due[CANDIDACIES_MAX + 5].at = now - ms(10);
+        let admitted = c.admit(now, timeout, due, |_, _| Outcome::Standing);
+        assert_eq!(admitted.len(), CANDIDACIES_MAX);
+        assert_eq!(admitted[0].replica, CANDIDACIES_MAX as u32 + 5);
+        // A round later, nothing decided: no room.
+        let later = now + ms(150);
+        assert!(c
+            .admit(later, timeout, stands(later, 500..501), |_, _| {
+                Outcome::Standing
+            })
+            .is_empty());
+        // Replica 3's election ended with a leader of a later term: its place is free, and
+        // the window (at its bound) stays.
+        let admitted = c.admit(later, timeout, stands(later, 500..501), |r, _| {
+            if *r == 3 {
+                Outcome::Elected
+            } else {
+                Outcome::Standing
+            }
+        });
+        assert_eq!(admitted.len(), 1);
+        assert_eq!(c.window, CANDIDACIES_MAX);
+    }
+
+    #[test]
+    fn the_window_halves_when_elections_time_out_and_grows_as_they_succeed() {
+        let now = Instant::now();
+        let ms = Duration::from_millis;
+        let timeout = ms(300);
+        let mut c = Candidacies::default();
+        c.admit(now, timeout, stands(now, 0..100), |_, _| Outcome::Standing);
+        // All timed out: half the window, once per round however many.
+        let t1 = now + ms(300);
+        let admitted = c.admit(t1, timeout, stands(t1, 100..300), |_, _| Outcome::Standing);
+        assert_eq!(c.window, CANDIDACIES_MAX / 2);
+        assert_eq!(admitted.len(), CANDIDACIES_MAX / 2);
+        // Again and again: never below the floor.
+        let mut t = t1;
+        for round in 0..10u32 {
+            t += ms(300);
+            let first = 1_000 + round * 100;
+            c.admit(t, timeout, stands(t, first..first + 100), |_, _| {
+                Outcome::Standing
+            });
+        }
+        assert_eq!(c.window, CANDIDACIES_MIN);
+        // Elections that win grow it by one each.
+        t += ms(10);
+        c.admit(t, timeout, Vec::new(), |_, _| Outcome::Elected);
+        assert_eq!(c.window, CANDIDACIES_MIN + CANDIDACIES_MIN);
+        assert!(c.open.is_empty());
+        // A replica that did not stand after all (it heard from its leader) changes nothing,
+        // and holds its place until the timeout.
+        c.admit(t, timeout, stands(t, 0..3), |_, _| Outcome::Other);
+        t += ms(150);
+        c.admit(t, timeout, Vec::new(), |_, _| Outcome::Other);
+        assert_eq!(c.open.len(), 3);
+        t += ms(150);
+        c.admit(t, timeout, Vec::new(), |_, _| Outcome::Other);
+        assert!(c.open.is_empty());
+        assert_eq!(c.window, CANDIDACIES_MIN + CANDIDACIES_MIN);
+    }
 
     #[test]
     fn quiet_waits_for_every_follower_that_answered_and_a_majority() {
