@@ -17,6 +17,12 @@
 //! - otherwise the handover starts (or one already under way is waited for), and the answer
 //!   is [`Election::Elected`] once this replica names the preferred one as its leader.
 //!   At most `leader_handovers_max` run at once per broker, as for the balance.
+//!
+//! A handover can end with another follower elected (on a loaded machine its election timeout
+//! can pass before the preferred replica's) or be given up ([`Election::HandoverFailed`]), and
+//! a partition can be between leaders when asked ([`Election::NoLeader`]). Those are asked
+//! again, of whoever leads them then, up to [`ELECT_ROUNDS_MAX`] rounds in all while the wait
+//! lasts.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +48,11 @@ const FORWARD_SLACK: Duration = Duration::from_secs(5);
 const READY_WAIT: Duration = Duration::from_secs(3);
 /// How often a leader looks whether its preferred replica is ready, or its handover has ended.
 const HANDOVER_POLL: Duration = Duration::from_millis(50);
+/// Rounds of asks per request: the first, and retries of partitions whose handover ended
+/// without the preferred replica leading or that had no leader when asked.
+const ELECT_ROUNDS_MAX: usize = 3;
+/// Pause before a retry round, so that a new leader's election settles.
+const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
 /// What became of one partition's election.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,6 +67,9 @@ pub enum Election {
     NoLeader(String),
     /// The preferred replica cannot take over now; why.
     PreferredNotReady(String),
+    /// The handover ended without the preferred replica leading (another was elected, or it
+    /// was given up); what happened. Asked again while rounds and time remain.
+    HandoverFailed(String),
     /// The handover did not end within the wait.
     TimedOut(String),
 }
@@ -68,10 +82,15 @@ impl Election {
             Election::Elected => 5,
             Election::NotNeeded => 4,
             Election::TimedOut(_) => 3,
-            Election::PreferredNotReady(_) => 2,
+            Election::PreferredNotReady(_) | Election::HandoverFailed(_) => 2,
             Election::NoLeader(_) => 1,
             Election::UnknownPartition => 0,
         }
+    }
+
+    /// Worth asking again, of whoever leads the partition then.
+    fn retriable(&self) -> bool {
+        matches!(self, Election::HandoverFailed(_) | Election::NoLeader(_))
     }
 }
 
@@ -103,47 +122,76 @@ impl Cluster {
                 _ => Election::UnknownPartition,
             })
             .collect();
-        let known: Vec<usize> = (0..wanted.len())
+        let mut pending: Vec<usize> = (0..wanted.len())
             .filter(|&i| out[i] != Election::UnknownPartition)
             .collect();
-        for chunk in known.chunks(PARTITIONS_PER_ASK_MAX) {
-            let ask = Ask {
-                partitions: chunk.iter().map(|&i| wanted[i].clone()).collect(),
-                wait_ms: u64::try_from(
-                    deadline
-                        .saturating_duration_since(Instant::now())
-                        .as_millis(),
-                )
-                .unwrap_or(u64::MAX),
-            };
-            let (answers, silent) = self.ask_everyone(&ask, deadline).await;
-            for (j, election) in answers.into_iter().flatten() {
-                let Some(&i) = usize::try_from(j).ok().and_then(|j| chunk.get(j)) else {
-                    tracing::warn!(
-                        index = j,
-                        "an election answer names a partition that was not asked"
-                    );
-                    continue;
-                };
-                if election.rank() > out[i].rank() {
-                    out[i] = election;
+        for round in 0..ELECT_ROUNDS_MAX {
+            if round > 0 {
+                if pending.is_empty() || Instant::now() + RETRY_PAUSE >= deadline {
+                    break;
                 }
+                tracing::info!(
+                    partitions = pending.len(),
+                    round,
+                    "asking again for partitions whose preferred replica was not elected"
+                );
+                tokio::time::sleep(RETRY_PAUSE).await;
             }
-            let why = if silent.is_empty() {
-                "no broker leads it now (an election is under way)".to_string()
-            } else {
-                format!(
-                    "no broker that answered leads it now; {} did not answer",
-                    silent.join("; ")
-                )
-            };
-            for &i in chunk {
-                if let Election::NoLeader(reason) = &mut out[i] {
-                    reason.clone_from(&why);
-                }
+            for chunk in pending.chunks(PARTITIONS_PER_ASK_MAX) {
+                self.elect_chunk(wanted, chunk, deadline, &mut out).await;
             }
+            pending.retain(|&i| out[i].retriable());
         }
         out
+    }
+
+    /// One ask of every broker for the partitions `chunk` indexes in `wanted`; their outcomes
+    /// go to `out` (replacing those of an earlier round).
+    async fn elect_chunk(
+        &self,
+        wanted: &[(String, i32)],
+        chunk: &[usize],
+        deadline: Instant,
+        out: &mut [Election],
+    ) {
+        let ask = Ask {
+            partitions: chunk.iter().map(|&i| wanted[i].clone()).collect(),
+            wait_ms: u64::try_from(
+                deadline
+                    .saturating_duration_since(Instant::now())
+                    .as_millis(),
+            )
+            .unwrap_or(u64::MAX),
+        };
+        for &i in chunk {
+            out[i] = Election::NoLeader(String::new());
+        }
+        let (answers, silent) = self.ask_everyone(&ask, deadline).await;
+        for (j, election) in answers.into_iter().flatten() {
+            let Some(&i) = usize::try_from(j).ok().and_then(|j| chunk.get(j)) else {
+                tracing::warn!(
+                    index = j,
+                    "an election answer names a partition that was not asked"
+                );
+                continue;
+            };
+            if election.rank() > out[i].rank() {
+                out[i] = election;
+            }
+        }
+        let why = if silent.is_empty() {
+            "no broker leads it now (an election is under way)".to_string()
+        } else {
+            format!(
+                "no broker that answered leads it now; {} did not answer",
+                silent.join("; ")
+            )
+        };
+        for &i in chunk {
+            if let Election::NoLeader(reason) = &mut out[i] {
+                reason.clone_from(&why);
+            }
+        }
     }
 
     /// Sends `ask` to every broker (this one directly); the answers, and a line for each peer
@@ -260,13 +308,19 @@ async fn elect_one(replica: &Replica, deadline: Instant) -> Election {
         tracing::info!(group = %replica.group, to = preferred, "handing over on request");
     }
     loop {
-        if replica.leader().0 == preferred {
+        let leader = replica.leader().0;
+        if leader == preferred {
             return Election::Elected;
         }
         if !replica.handing_over() && replica.is_leader() {
-            return Election::PreferredNotReady(format!(
+            return Election::HandoverFailed(format!(
                 "broker {preferred} was not elected; the handover was given up and broker {me} \
                  leads again"
+            ));
+        }
+        if leader >= 0 && leader != me {
+            return Election::HandoverFailed(format!(
+                "broker {leader} was elected instead of broker {preferred}"
             ));
         }
         if Instant::now() >= deadline {

@@ -158,7 +158,9 @@ fn code(election: Election) -> (i16, Option<String>) {
         Election::NotNeeded => (ResponseError::ElectionNotNeeded, None),
         Election::UnknownPartition => (ResponseError::UnknownTopicOrPartition, None),
         Election::NoLeader(why) => (ResponseError::LeaderNotAvailable, Some(why)),
-        Election::PreferredNotReady(why) => (ResponseError::PreferredLeaderNotAvailable, Some(why)),
+        Election::PreferredNotReady(why) | Election::HandoverFailed(why) => {
+            (ResponseError::PreferredLeaderNotAvailable, Some(why))
+        }
         Election::TimedOut(why) => (ResponseError::RequestTimedOut, Some(why)),
     };
     (error.code(), why)
