@@ -20,7 +20,7 @@ test_a_thousand_partitions_survive_the_loss_of_a_broker
   docs/benchmarks.md has the same figures for 3,000 partitions from `kiln-bench partitions`
   with a release build.
 
-About a minute with the debug build on two cores. It found the election storm that the
+About a minute with the debug build on two cores (docs/benchmarks.md has the figures). It found the election storm that the
 pulse's window of elections in flight now prevents (docs/replication.md, "Heartbeats,
 elections, the pulse"): brokers opening a thousand replicas each on the saturated machine let
 their leases lapse, and unbounded elections then timed out their own vote requests.
