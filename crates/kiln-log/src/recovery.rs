@@ -134,14 +134,24 @@ pub(crate) fn recover(fs: &dyn Fs, dir: &Path, config: &LogConfig) -> Result<Rec
         // Where this segment should start.
         if let Some(p) = prev_end {
             let restart = slot.is_some_and(|s| s.restart && s.base_index == seg.base_index);
-            if seg.base_index > p.next_index && !restart {
-                // The previous segment lost its unsynced tail while this one's directory entry
-                // reached the disk. Whatever this one holds continued the lost entries: cut it
-                // and all after. Damage only if it claims synced entries of its own.
-                let reason = format!(
+            // A segment that does not continue the log, and why. Past its end without the
+            // restart flag: the previous segment lost its unsynced tail while this one's
+            // directory entry reached the disk, so this one continued lost entries.
+            let broken = if seg.base_index > p.next_index && !restart {
+                Some(format!(
                     "segment starts at entry {} past the end of the previous one, {}, and no reset made it",
                     seg.base_index, p.next_index
-                );
+                ))
+            } else if seg.base_index < p.next_index {
+                Some(format!(
+                    "segment starts at entry {} inside the previous one, which ends at {}",
+                    seg.base_index, p.next_index
+                ))
+            } else {
+                None
+            };
+            if let Some(reason) = broken {
+                // Cut it and all after; damage only if it claims synced entries of its own.
                 let claim = slot.as_ref().and_then(claims_data);
                 cut_bytes += cut_rest(
                     fs,
@@ -152,27 +162,14 @@ pub(crate) fn recover(fs: &dyn Fs, dir: &Path, config: &LogConfig) -> Result<Rec
                 )?;
                 tail = damaged_or_torn(p, claim, HEADER_LEN, &reason, dir);
                 break;
-            } else if seg.base_index > p.next_index {
+            }
+            if seg.base_index > p.next_index {
                 tracing::warn!(dir = %dir.display(), from = kept.first().map(|s| s.base_index), to = p.next_index, restart = seg.base_index, "dropping segments left behind by a reset");
                 for s in kept.drain(..) {
                     segment::remove_files(fs, dir, s.base_index)?;
                 }
                 to_sync.clear();
                 dir_changed = true;
-            } else if seg.base_index < p.next_index {
-                let reason = format!(
-                    "segment starts at entry {} inside the previous one, which ends at {}",
-                    seg.base_index, p.next_index
-                );
-                cut_bytes += cut_rest(
-                    fs,
-                    dir,
-                    seg,
-                    iter.by_ref().map(|(_, f)| f),
-                    &mut dir_changed,
-                )?;
-                tail = damaged_or_torn(p, slot.map(|s| s.synced), HEADER_LEN, &reason, dir);
-                break;
             }
         }
         let prev_end = kept.last().map(Segment::end);
