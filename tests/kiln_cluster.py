@@ -202,6 +202,37 @@ class Cluster:
     def node(self, node_id: int) -> Broker:
         return self.nodes[node_id]
 
+    def add_joiner(self, node_id: int) -> Broker:
+        """A new broker `node_id` that joins the running cluster (`[cluster] join = true`):
+        its file lists every node so far as a seed plus itself; the others' files are left as
+        they are. Not started."""
+        assert node_id not in self.ids, node_id
+        ports: list[int] = []
+        taken = set(self.kafka_port.values()) | set(self.raft_port.values())
+        while len(ports) < 2:
+            p = free_port()
+            if p not in taken and p not in ports:
+                ports.append(p)
+        self.ids.append(node_id)
+        self.kafka_port[node_id], self.raft_port[node_id] = ports
+        data_dir = self.root / f"b{node_id}"
+        config_path = self.root / f"b{node_id}.toml"
+        saved = dict(self.cluster_settings)
+        self.cluster_settings["join"] = True
+        try:
+            config_path.write_text(self.render_config(node_id, data_dir))
+        finally:
+            self.cluster_settings = saved
+        self.nodes[node_id] = Broker(data_dir, self.root / f"b{node_id}.log",
+                                     port=self.kafka_port[node_id], node_id=node_id,
+                                     config_path=config_path)
+        return self.nodes[node_id]
+
+    def forget(self, node_id: int) -> None:
+        """Drops a node the test stopped for good (decommissioned) from `ids`."""
+        assert not self.nodes[node_id].alive(), node_id
+        self.ids.remove(node_id)
+
     def running_ids(self) -> list[int]:
         return [i for i in self.ids if self.nodes[i].running()]
 

@@ -287,7 +287,13 @@ pub struct ClusterSettings {
     /// Address this broker's Raft listener binds (peers connect to it).
     pub raft_listen: SocketAddr,
     /// Every broker of the cluster, this one included, with the same list on every broker.
+    /// With `join`, this broker's own entry and the brokers it asks to let it in (seeds).
     pub peers: Vec<PeerSettings>,
+    /// This broker joins a running cluster (docs/operations.md, "Adding a broker"): it
+    /// registers its addresses with the controller through the other `peers`, starts no
+    /// group of its own, and is filled by the groups' leaders. The founding brokers leave it
+    /// false.
+    pub join: bool,
     /// Replicas per partition for topics created without one; more than the cluster has is
     /// refused when a topic is created.
     pub default_replication_factor: u16,
@@ -346,6 +352,7 @@ impl Default for ClusterSettings {
         Self {
             raft_listen: SocketAddr::from(([127, 0, 0, 1], 9093)),
             peers: Vec::new(),
+            join: false,
             default_replication_factor: 3,
             heartbeat_ms: kiln_raft::partition::HEARTBEAT_MS,
             election_timeout_min_ms: kiln_raft::partition::ELECTION_TIMEOUT_MIN_MS,
@@ -393,6 +400,11 @@ impl ClusterSettings {
         if !ids.contains(&node_id) {
             return Err(format!(
                 "node_id {node_id} is not among the [[cluster.peers]] ids {ids:?}"
+            ));
+        }
+        if self.join && ids.len() < 2 {
+            return Err(format!(
+                "[cluster] join = true needs at least one [[cluster.peers]] entry besides node {node_id}: a broker of the running cluster to ask"
             ));
         }
         if self.default_replication_factor == 0 {

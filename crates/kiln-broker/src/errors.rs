@@ -51,5 +51,8 @@ pub fn cluster_error_code(error: &ClusterError) -> ResponseError {
         ClusterError::InvalidRequest(_) => ResponseError::InvalidRequest,
         ClusterError::NotCommitted(_) => ResponseError::NotController,
         ClusterError::Timeout => ResponseError::RequestTimedOut,
+        ClusterError::InvalidReplicaAssignment(_) => ResponseError::InvalidReplicaAssignment,
+        ClusterError::MoveInProgress(_) => ResponseError::ReassignmentInProgress,
+        ClusterError::UnknownBroker(_) => ResponseError::BrokerIdNotRegistered,
     }
 }

@@ -179,6 +179,27 @@ fn request(api: ApiKey, version: i16, topic: &str) -> RequestKind {
                         .with_partitions(vec![0]),
                 ])),
         ),
+        // A cancel (no replica list) is refused per partition; the others answer as they are.
+        ApiKey::AlterPartitionReassignments => RequestKind::AlterPartitionReassignments(
+            AlterPartitionReassignmentsRequest::default()
+                .with_timeout_ms(5000)
+                .with_topics(vec![
+                    alter_partition_reassignments_request::ReassignableTopic::default()
+                        .with_name(name(topic))
+                        .with_partitions(vec![
+                            alter_partition_reassignments_request::ReassignablePartition::default()
+                                .with_partition_index(0)
+                                .with_replicas(None),
+                        ]),
+                ]),
+        ),
+        ApiKey::ListPartitionReassignments => RequestKind::ListPartitionReassignments(
+            ListPartitionReassignmentsRequest::default().with_timeout_ms(5000),
+        ),
+        // No such broker: BROKER_ID_NOT_REGISTERED.
+        ApiKey::UnregisterBroker => RequestKind::UnregisterBroker(
+            UnregisterBrokerRequest::default().with_broker_id(BrokerId(99)),
+        ),
         // This broker has no [sasl]: both are answered with an error and the connection stays.
         ApiKey::SaslHandshake => RequestKind::SaslHandshake(
             SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN")),
@@ -338,6 +359,17 @@ async fn every_supported_version_is_answered() {
                     r.error_code == 0 && r.results.is_empty()
                 }
                 ResponseKind::AlterUserScramCredentials(r) => r.results.is_empty(),
+                ResponseKind::AlterPartitionReassignments(r) => {
+                    r.error_code == 0
+                        && r.responses[0].partitions[0].error_code
+                            == ResponseError::InvalidRequest.code()
+                }
+                ResponseKind::ListPartitionReassignments(r) => {
+                    r.error_code == 0 && r.topics.is_empty()
+                }
+                ResponseKind::UnregisterBroker(r) => {
+                    r.error_code == ResponseError::BrokerIdNotRegistered.code()
+                }
                 // Versions run in order: Describe first (nothing yet), then Create, then Delete
                 // (which finds the one binding every Create version wrote).
                 ResponseKind::DescribeAcls(r) => r.error_code == 0,

@@ -165,6 +165,10 @@ pub struct Role {
     /// Its vote is committed: it follows (or is) an elected leader.
     pub committed: bool,
     pub voters: Arc<[NodeId]>,
+    /// While the membership is joint (a move under way: the old voter set and the new one),
+    /// each set: a quorum is then a majority of *each*, not of `voters` (their union).
+    /// Empty for a single configuration.
+    pub joint: Arc<[Arc<[NodeId]>]>,
 }
 
 /// The leader and term a follower last heard from, and when the message arrived.
@@ -233,6 +237,7 @@ impl Liveness {
                     term: 0,
                     committed: false,
                     voters: Arc::from(Vec::new()),
+                    joint: Arc::from(Vec::new()),
                 },
                 heard: None,
                 acks_term: 0,
@@ -676,8 +681,11 @@ fn lease_holds(
                     .get(peer)
                     .is_some_and(|&sent| now.saturating_duration_since(sent) <= lease))
     };
-    let granted = voters.iter().filter(|v| fresh(v)).count();
-    granted * 2 > voters.len()
+    let majority = |set: &[NodeId]| set.iter().filter(|v| fresh(v)).count() * 2 > set.len();
+    // A joint membership commits only with a majority of each set, so the lease needs one of
+    // each too: a majority of the union can miss one side (three old voters and three new,
+    // four of the six acknowledging but one of them old).
+    majority(voters) && s.role.joint.iter().all(|set| majority(set))
 }
 
 fn draw() -> f64 {
@@ -747,6 +755,29 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_joint_membership_needs_a_majority_of_each_set() {
+        // Moving from {1, 2, 3} to {1, 5, 6}: the union is {1, 2, 3, 5, 6}.
+        let l = Liveness::new(1, timings(), 7);
+        l.set_role(Role {
+            joint: Arc::from(vec![Arc::from(vec![1, 2, 3]), Arc::from(vec![1, 5, 6])]),
+            voters: Arc::from(vec![1, 2, 3, 5, 6]),
+            ..role(openraft::ServerState::Leader, 1, true)
+        });
+        let union = [1, 2, 3, 5, 6];
+        let t0 = Instant::now();
+        l.acked(1, 5, t0);
+        l.acked(1, 6, t0);
+        assert!(
+            !l.lease_holds(1, &union, t0),
+            "three of five, but only this replica of the old set"
+        );
+        assert!(!l.leads(1, t0));
+        l.acked(1, 2, t0);
+        assert!(l.lease_holds(1, &union, t0));
+        assert!(l.leads(1, t0));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_follower_refuses_other_candidates_within_the_vote_lease() {
         let l = Liveness::new(2, timings(), 7);
         let t0 = Instant::now();
@@ -773,6 +804,7 @@ mod tests {
             term,
             committed,
             voters: Arc::from(vec![1, 2, 3]),
+            joint: Arc::from(Vec::new()),
         }
     }
 

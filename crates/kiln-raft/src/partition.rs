@@ -910,5 +910,16 @@ fn role_of(m: &openraft::metrics::RaftServerMetrics<NodeId, openraft::EmptyNode>
         term: m.vote.leader_id.term,
         committed: m.vote.committed,
         voters: m.membership_config.membership().voter_ids().collect(),
+        joint: {
+            let configs = m.membership_config.membership().get_joint_config();
+            if configs.len() > 1 {
+                configs
+                    .iter()
+                    .map(|set| set.iter().copied().collect::<Arc<[NodeId]>>())
+                    .collect()
+            } else {
+                Arc::from(Vec::new())
+            }
+        },
     }
 }

@@ -40,6 +40,11 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeCluster, 0, 2),
     // Preferred leader elections on demand (KIP-460; docs/replication.md, "Leader balance").
     (ApiKey::ElectLeaders, 0, 2),
+    // Moving replicas and decommissioning brokers (KIP-455, KIP-631; docs/replication.md,
+    // "Moving replicas").
+    (ApiKey::AlterPartitionReassignments, 0, 1),
+    (ApiKey::ListPartitionReassignments, 0, 0),
+    (ApiKey::UnregisterBroker, 0, 0),
     // SASL (docs/security.md). SaslHandshake v0 sends the mechanism's tokens as bare frames
     // without Kafka headers; every current client uses v1 with SaslAuthenticate.
     (ApiKey::SaslHandshake, 1, 1),

@@ -4,6 +4,8 @@
 //! leadership goes back to its preferred replica (the first of its replicas) if that replica
 //! is in sync, as the leader balance does on its own every `leader_rebalance_interval_ms`
 //! (docs/replication.md, "Leader balance"). Works against Kafka brokers too.
+//!
+//! `reassign`, `decommission` and `status` move replicas (`cluster_moves.rs`).
 
 use std::time::Duration;
 
@@ -15,6 +17,7 @@ use kafka_protocol::ResponseError;
 use kiln_client::Connection;
 
 use crate::broker_address::BrokerAddress;
+use crate::cluster_moves;
 use crate::topics_cmd::{error_text, metadata, topic_name};
 
 /// Longest `--wait-s` (the brokers cap their own wait at 60 s).
@@ -46,6 +49,39 @@ enum ClusterCommand {
         #[arg(long, default_value_t = 30)]
         wait_s: u64,
     },
+    /// Move one partition's replicas to the given brokers (the first is the preferred
+    /// leader). The group keeps a majority throughout; a new broker counts toward nothing
+    /// until it holds the log.
+    Reassign {
+        #[arg(long)]
+        topic: String,
+        #[arg(long)]
+        partition: i32,
+        /// Broker ids, comma-separated: `--replicas 1,2,4`.
+        #[arg(long, value_delimiter = ',', required = true)]
+        replicas: Vec<i32>,
+        /// Wait until the move has ended, printing progress.
+        #[arg(long)]
+        wait: bool,
+        /// With --wait: give up after this many seconds.
+        #[arg(long, default_value_t = 3600)]
+        wait_s: u64,
+    },
+    /// Decommission a broker: every replica it holds (the cluster's metadata and offsets
+    /// logs included) moves to the other brokers, then it is removed from the cluster. Works
+    /// with the broker dead (its disk lost): the others hold a majority of each of its groups.
+    Decommission {
+        /// The broker's node id.
+        node: i32,
+        /// Wait until the broker is removed, printing progress.
+        #[arg(long)]
+        wait: bool,
+        /// With --wait: give up after this many seconds.
+        #[arg(long, default_value_t = 3600)]
+        wait_s: u64,
+    },
+    /// The cluster's brokers and the replica moves under way.
+    Status,
 }
 
 pub async fn run(args: ClusterArgs) -> anyhow::Result<bool> {
@@ -57,7 +93,44 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<bool> {
             partitions,
             wait_s,
         } => elect_leaders(&mut conn, timeout, &topics, &partitions, wait_s).await,
+        ClusterCommand::Reassign {
+            topic,
+            partition,
+            replicas,
+            wait,
+            wait_s,
+        } => {
+            check_wait(wait_s)?;
+            cluster_moves::reassign(&mut conn, timeout, &topic, partition, &replicas).await?;
+            if wait {
+                cluster_moves::wait(&mut conn, timeout, None, Duration::from_secs(wait_s)).await?;
+            }
+            Ok(true)
+        }
+        ClusterCommand::Decommission { node, wait, wait_s } => {
+            check_wait(wait_s)?;
+            cluster_moves::decommission(&mut conn, timeout, node).await?;
+            if wait {
+                cluster_moves::wait(&mut conn, timeout, Some(node), Duration::from_secs(wait_s))
+                    .await?;
+            }
+            Ok(true)
+        }
+        ClusterCommand::Status => {
+            cluster_moves::status(&mut conn, timeout, None).await?;
+            Ok(true)
+        }
     }
+}
+
+fn check_wait(wait_s: u64) -> anyhow::Result<()> {
+    if wait_s == 0 || wait_s > cluster_moves::WAIT_S_MAX {
+        bail!(
+            "--wait-s must be 1 to {} seconds, not {wait_s}",
+            cluster_moves::WAIT_S_MAX
+        );
+    }
+    Ok(())
 }
 
 /// Sends ElectLeaders and prints a line per partition; whether every one ended well.

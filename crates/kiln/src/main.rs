@@ -6,6 +6,7 @@ mod broker_address;
 mod broker_cmd;
 mod certs_cmd;
 mod cluster_cmd;
+mod cluster_moves;
 mod dashboard_cmd;
 mod dashboard_settings;
 mod deadletter_cmd;

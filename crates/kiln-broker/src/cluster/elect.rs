@@ -202,24 +202,25 @@ impl Cluster {
             Err(e) => unreachable!("an ask of names and numbers always encodes: {e}"),
         };
         let timeout = deadline.saturating_duration_since(Instant::now()) + FORWARD_SLACK;
-        let peers = self
-            .settings
-            .peers
+        let others: Vec<i32> = self
+            .brokers()
             .iter()
-            .filter(|p| p.id != self.node_id)
-            .map(|peer| {
-                let payload = payload.clone();
-                async move {
-                    let answer =
-                        kiln_raft::net::forward(self.peer_ref(peer), ELECT_GROUP, payload, timeout)
-                            .await
-                            .and_then(|bytes| {
-                                serde_json::from_slice::<Answer>(&bytes)
-                                    .map_err(|e| format!("an answer that does not parse: {e}"))
-                            });
-                    (peer.id, answer)
-                }
-            });
+            .map(|b| b.id)
+            .filter(|id| *id != self.node_id)
+            .collect();
+        let peers = others.into_iter().map(|peer| {
+            let payload = payload.clone();
+            async move {
+                let answer = self
+                    .forward_to(peer, ELECT_GROUP, payload, timeout)
+                    .await
+                    .and_then(|bytes| {
+                        serde_json::from_slice::<Answer>(&bytes)
+                            .map_err(|e| format!("an answer that does not parse: {e}"))
+                    });
+                (peer, answer)
+            }
+        });
         let (here, there) =
             tokio::join!(self.elect_here(ask), futures_util::future::join_all(peers));
         let mut answers = vec![here];
@@ -274,7 +275,7 @@ impl Cluster {
 /// Hands one partition this broker leads to its preferred replica and waits until it leads.
 async fn elect_one(replica: &Replica, deadline: Instant) -> Election {
     let me = replica.node_id;
-    let Some(&preferred) = replica.members.first() else {
+    let Some(&preferred) = replica.members().first() else {
         unreachable!("a replica's group has members; this broker is one of them");
     };
     if preferred == me {

@@ -44,7 +44,7 @@ impl Cluster {
     /// Whether a forwarded command is a fence this controller may write: for a configured
     /// broker.
     pub(super) fn fence_for_peer(&self, command: &Command) -> bool {
-        matches!(command, Command::Fence { node, .. } if self.brokers.iter().any(|b| b.id == *node))
+        matches!(command, Command::Fence { node, .. } if self.brokers().iter().any(|b| b.id == *node))
     }
 }
 
@@ -78,14 +78,15 @@ pub(super) async fn fence_self(cluster: Arc<Cluster>) {
                 }
             } else {
                 let controller = cluster.controller();
-                if let Some(peer) = cluster.settings.peers.iter().find(|p| p.id == controller) {
-                    if let Err(e) = kiln_raft::net::forward(
-                        cluster.peer_ref(peer),
-                        METADATA_GROUP,
-                        payload.clone(),
-                        FENCE_FORWARD_WAIT,
-                    )
-                    .await
+                if controller >= 0 {
+                    if let Err(e) = cluster
+                        .forward_to(
+                            controller,
+                            METADATA_GROUP,
+                            payload.clone(),
+                            FENCE_FORWARD_WAIT,
+                        )
+                        .await
                     {
                         tracing::debug!(controller, error = %e, "forwarding this broker's fence failed; retrying");
                     }

@@ -42,6 +42,14 @@ pub(super) enum TopicChange {
     Scram { change: super::users::ScramChange },
     /// CreateAcls and DeleteAcls (`acls.rs`).
     Acls { change: super::acls::AclChange },
+    /// AlterPartitionReassignments (`moves.rs`).
+    Move {
+        topic: String,
+        partition: i32,
+        target: Vec<i32>,
+    },
+    /// UnregisterBroker: decommission (`moves.rs`).
+    Decommission { node: i32 },
 }
 
 impl Cluster {
@@ -51,11 +59,11 @@ impl Cluster {
         change: TopicChange,
     ) -> Result<(), ClusterError> {
         let controller = self.controller();
-        let Some(peer) = self.settings.peers.iter().find(|p| p.id == controller) else {
+        if controller < 0 || controller == self.node_id {
             // No controller known (an election under way), or this broker's stale belief that
             // it is one: the client refreshes its metadata and retries.
             return Err(ClusterError::NotController(controller));
-        };
+        }
         let payload = serde_json::to_vec(&change)
             .map_err(|e| ClusterError::NotCommitted(format!("cannot encode the change: {e}")))?;
         tracing::debug!(
@@ -63,8 +71,8 @@ impl Cluster {
             ?change,
             "forwarding a topic change to the controller"
         );
-        kiln_raft::net::forward(
-            self.peer_ref(peer),
+        self.forward_to(
+            controller,
             TOPIC_CHANGES_GROUP,
             Bytes::from(payload),
             FORWARD_WAIT,
@@ -105,6 +113,12 @@ impl Cluster {
             }
             TopicChange::Scram { change } => self.alter_scram_here(change).await,
             TopicChange::Acls { change } => self.change_acls_here(change).await,
+            TopicChange::Move {
+                topic,
+                partition,
+                target,
+            } => self.move_replicas_here(&topic, partition, target).await,
+            TopicChange::Decommission { node } => self.decommission_here(node).await,
         };
         result
             .map(|()| Bytes::new())

@@ -1,7 +1,7 @@
 //! A broker starting on an empty data directory under an id its peers know must not join as
 //! if it were new when it has been a member before: it has lost its votes and its logs, and
 //! counting it as a replica that holds what it acknowledged could lose committed records
-//! (docs/operations.md, "Replacing a broker").
+//! (docs/operations.md, "Cluster: adding a broker, replacing a dead one").
 //!
 //! Every data directory has an incarnation, drawn at random when it is created, and every
 //! broker registers its incarnation in the metadata log once it runs (`RegisterBroker`, first
@@ -70,7 +70,7 @@ pub async fn bind_raft_listener(
         let task = tokio::spawn(kiln_raft::net::serve_with(
             answering,
             Arc::new(Joining(me)),
-            super::serve_options(settings, transport),
+            super::serve_options(settings, transport, super::configured_members(settings)),
         ));
         let checked = check_new_member(settings, transport, node_id, incarnation).await;
         task.abort();
@@ -113,8 +113,9 @@ async fn check_new_member(
                     "this broker's data directory is new, but broker {} (raft {}) says node {node_id} is a member of \
                      cluster {cluster_id} with another data directory (incarnation {registered:016x}, this one is \
                      {incarnation:016x}): its data is gone. A broker whose disk was lost cannot rejoin with an empty \
-                     directory under its old id (its votes and log are lost); restore its data directory \
-                     (docs/operations.md, \"Replacing a broker\")",
+                     directory under its old id (its votes and log are lost): restore its data directory, or start this \
+                     broker under a new node id with [cluster] join = true and decommission node {node_id} \
+                     (docs/operations.md, \"Cluster: adding a broker, replacing a dead one\")",
                     peer.id,
                     peer.raft
                 ),

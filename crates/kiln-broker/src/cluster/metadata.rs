@@ -39,6 +39,32 @@ pub enum Command {
     RegisterBroker {
         node: i32,
         incarnation: u64,
+        /// Where a broker that joined after the cluster was founded listens (`[cluster] join`;
+        /// `cluster/membership.rs`). Founding brokers are found in every broker's config.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        addresses: Option<BrokerAddresses>,
+    },
+    /// A replica move begins (`cluster/moves.rs`): group `group` (a partition's, or an
+    /// internal group's) is to have `target` as its voters, the preferred leader first. At
+    /// most one move per group at a time.
+    StartMove {
+        group: String,
+        target: Vec<i32>,
+    },
+    /// A move ended: group `group`'s voters are `replicas` (committed in its own log).
+    FinishMove {
+        group: String,
+        replicas: Vec<i32>,
+    },
+    /// Broker `node` is leaving: the controller moves every replica it holds elsewhere, then
+    /// removes it (`RemoveBroker`).
+    Decommission {
+        node: i32,
+    },
+    /// Broker `node` holds no replica any more and is no longer a member: it is not listed to
+    /// clients, and peers refuse its connections.
+    RemoveBroker {
+        node: i32,
     },
     /// The next `count` producer ids go to broker `node` (`cluster/producer_ids.rs`).
     AllocateProducerIds {
@@ -152,6 +178,24 @@ pub struct TopicRecord {
     pub id: Uuid,
     pub overrides: BTreeMap<String, String>,
     pub assignments: Vec<Vec<i32>>,
+    /// Partitions whose replicas were ever moved: a replica of one of them that finds its
+    /// directory empty was added by a move (or lost its disk) and must never start the group
+    /// anew; it waits for the leader to fill it.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub moved: std::collections::BTreeSet<u32>,
+}
+
+/// Where a broker that joined the cluster listens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BrokerAddresses {
+    /// `host:port` Kafka clients use.
+    pub kafka: String,
+    /// `host:port` of its Raft listener.
+    pub raft: String,
+    /// Its advertised address on each of `[[listeners]]`, by name.
+    #[serde(default)]
+    pub listeners: BTreeMap<String, String>,
 }
 
 /// What the metadata log says, as of some applied position.
@@ -182,6 +226,22 @@ pub struct MetadataState {
     /// The cluster's ACLs (`cluster/acls.rs`).
     #[serde(default)]
     pub acls: kiln_acl::Acls,
+    /// Brokers that joined after the cluster was founded, with their addresses.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub joined: BTreeMap<i32, BrokerAddresses>,
+    /// Replica moves under way: each group's target voters (`cluster/moves.rs`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub moves: BTreeMap<String, Vec<i32>>,
+    /// The voters of an internal group (metadata, offsets) once a move changed them; absent,
+    /// the founding brokers.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub internal: BTreeMap<String, Vec<i32>>,
+    /// Brokers being decommissioned.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub leaving: std::collections::BTreeSet<i32>,
+    /// Brokers removed from the cluster for good.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub removed: std::collections::BTreeSet<i32>,
     /// The Kafka offset after the last applied record: the controller waits for its own
     /// commands to pass it.
     pub applied_offset: i64,
@@ -303,22 +363,37 @@ fn apply_command(state: &mut MetadataState, command: Command) {
                     id,
                     overrides,
                     assignments,
+                    moved: Default::default(),
                 },
             );
         }
         Command::DeleteTopic { name, id } => {
             if state.topics.get(&name).is_some_and(|t| t.id == id) {
                 state.topics.remove(&name);
+                let prefix = format!("{id}/");
+                state.moves.retain(|group, _| !group.starts_with(&prefix));
             }
         }
-        Command::RegisterBroker { node, incarnation } => match state.brokers.get(&node) {
+        Command::RegisterBroker {
+            node,
+            incarnation,
+            addresses,
+        } => match state.brokers.get(&node) {
+            None if state.removed.contains(&node) => tracing::error!(
+                node,
+                "a removed broker asked to register again; refused (give the new broker a new node id)"
+            ),
             None => {
                 tracing::info!(
                     node,
                     incarnation = format!("{incarnation:016x}"),
+                    ?addresses,
                     "broker registered"
                 );
                 state.brokers.insert(node, incarnation);
+                if let Some(a) = addresses {
+                    state.joined.insert(node, a);
+                }
             }
             Some(&registered) if registered != incarnation => tracing::error!(
                 node,
@@ -367,6 +442,52 @@ fn apply_command(state: &mut MetadataState, command: Command) {
         }
         Command::Fence { node, boot } => {
             state.fences.insert(node, boot);
+        }
+        Command::StartMove { group, target } => {
+            match state.moves.entry(group) {
+                std::collections::btree_map::Entry::Occupied(e) => {
+                    tracing::warn!(group = %e.key(), "a second move of a group under way; ignored")
+                }
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    tracing::info!(group = %e.key(), ?target, "replica move started");
+                    e.insert(target);
+                }
+            }
+        }
+        Command::FinishMove { group, replicas } => {
+            if state.moves.remove(&group).is_none() {
+                // A retried proposal of a move already finished.
+                return;
+            }
+            tracing::info!(%group, ?replicas, "replica move finished");
+            if super::is_internal_group(&group) {
+                state.internal.insert(group, replicas);
+                return;
+            }
+            let found = state.topics.values_mut().find_map(|t| {
+                let index = super::moves::partition_of(&group, t.id)?;
+                Some((t, index))
+            });
+            match found {
+                Some((t, index)) if (index as usize) < t.assignments.len() => {
+                    t.assignments[index as usize] = replicas;
+                    t.moved.insert(index);
+                }
+                _ => tracing::info!(%group, "a move of a partition that is gone; ignored"),
+            }
+        }
+        Command::Decommission { node } => {
+            if state.removed.contains(&node) {
+                return;
+            }
+            tracing::info!(node, "broker decommissioning");
+            state.leaving.insert(node);
+        }
+        Command::RemoveBroker { node } => {
+            tracing::info!(node, "broker removed from the cluster");
+            state.leaving.remove(&node);
+            state.joined.remove(&node);
+            state.removed.insert(node);
         }
         Command::ScramDecoySecret { secret } => {
             if state.scram_decoy_secret.is_none() {
@@ -518,10 +639,12 @@ mod tests {
             Command::RegisterBroker {
                 node: 2,
                 incarnation: 7,
+                addresses: None,
             },
             Command::RegisterBroker {
                 node: 2,
                 incarnation: 8,
+                addresses: None,
             },
         ] {
             joined.extend_from_slice(&encode(&c, 0).expect("encode"));
@@ -581,6 +704,93 @@ mod tests {
         other.apply(2, 8, &delete);
         assert!(other.state().topics.is_empty());
         assert!(other.restore(b"not json").is_err());
+    }
+
+    #[test]
+    fn moves_and_membership_apply_in_order() {
+        use kiln_raft::Table;
+        let table = MetadataTable::default();
+        let id = Uuid::new_v4();
+        let group = super::super::partition_group(id, 1);
+        let addresses = BrokerAddresses {
+            kafka: "b4:9092".into(),
+            raft: "b4:9093".into(),
+            listeners: BTreeMap::new(),
+        };
+        let mut joined = BytesMut::new();
+        for c in [
+            Command::CreateTopic {
+                name: "t".into(),
+                id,
+                overrides: BTreeMap::new(),
+                assignments: vec![vec![1, 2, 3], vec![3, 1, 2]],
+            },
+            Command::RegisterBroker {
+                node: 4,
+                incarnation: 9,
+                addresses: Some(addresses.clone()),
+            },
+            Command::Decommission { node: 3 },
+            Command::StartMove {
+                group: group.clone(),
+                target: vec![4, 1, 2],
+            },
+            // A second move of the same group while the first runs: ignored.
+            Command::StartMove {
+                group: group.clone(),
+                target: vec![1, 2],
+            },
+            Command::StartMove {
+                group: super::super::OFFSETS_GROUP.into(),
+                target: vec![1, 2, 4],
+            },
+        ] {
+            joined.extend_from_slice(&encode(&c, 0).expect("encode"));
+        }
+        table.apply(0, 0, &joined.freeze());
+        let state = table.state();
+        assert_eq!(state.joined[&4], addresses);
+        assert_eq!(state.brokers[&4], 9);
+        assert_eq!(state.moves[&group], vec![4, 1, 2]);
+        assert!(state.leaving.contains(&3));
+
+        let mut ends = BytesMut::new();
+        for c in [
+            Command::FinishMove {
+                group: group.clone(),
+                replicas: vec![4, 1, 2],
+            },
+            // A retried finish changes nothing.
+            Command::FinishMove {
+                group: group.clone(),
+                replicas: vec![9],
+            },
+            Command::FinishMove {
+                group: super::super::OFFSETS_GROUP.into(),
+                replicas: vec![1, 2, 4],
+            },
+            Command::RemoveBroker { node: 3 },
+            // A removed id never registers again.
+            Command::RegisterBroker {
+                node: 3,
+                incarnation: 11,
+                addresses: None,
+            },
+        ] {
+            ends.extend_from_slice(&encode(&c, 0).expect("encode"));
+        }
+        table.apply(1, 6, &ends.freeze());
+        let state = table.state();
+        let t = &state.topics["t"];
+        assert_eq!(t.assignments, vec![vec![1, 2, 3], vec![4, 1, 2]]);
+        assert_eq!(t.moved, std::collections::BTreeSet::from([1]));
+        assert!(state.moves.is_empty(), "{:?}", state.moves);
+        assert!(state.removed.contains(&3) && !state.leaving.contains(&3));
+        assert!(!state.brokers.contains_key(&3));
+        let snap = table.snapshot().expect("snapshot");
+        let other = MetadataTable::default();
+        other.restore(&snap).expect("restore");
+        assert_eq!(other.state(), state);
     }
 
     #[test]

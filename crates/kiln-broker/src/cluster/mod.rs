@@ -17,7 +17,9 @@ pub mod elect;
 mod fence;
 mod forwarded;
 pub mod join;
+mod membership;
 pub mod metadata;
+pub mod moves;
 pub mod producer_ids;
 mod rebalance;
 mod register;
@@ -52,6 +54,11 @@ pub use replica::Replica;
 
 pub const METADATA_GROUP: &str = "__cluster_metadata/0";
 pub const OFFSETS_GROUP: &str = "__consumer_offsets/0";
+
+/// Whether `group` is one of the internal groups every broker holds a replica of.
+pub fn is_internal_group(group: &str) -> bool {
+    group == METADATA_GROUP || group == OFFSETS_GROUP
+}
 /// The metadata group snapshots its table after this many commands.
 const METADATA_SNAPSHOT_EVERY: u64 = 1_000;
 /// Longest wait for a proposed topic change to be applied here.
@@ -69,6 +76,8 @@ pub struct ClusterTopic {
     pub settings: TopicSettings,
     /// Per partition, the brokers holding a replica, the preferred leader first.
     pub assignments: Vec<Vec<i32>>,
+    /// Moves under way, by partition: each one's target replicas (`moves.rs`).
+    pub moves: BTreeMap<u32, Vec<i32>>,
     /// This broker's replica of each partition (`None` where it holds none), opened before
     /// the topic becomes visible: produce and fetch find it by index, not by group name.
     replicas: Vec<Option<Arc<Replica>>>,
@@ -83,7 +92,7 @@ impl ClusterTopic {
 }
 
 /// A peer as clients see it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerBroker {
     pub id: i32,
     /// Its main listener's advertised address.
@@ -130,6 +139,13 @@ pub enum ClusterError {
     NotCommitted(String),
     #[error("timed out waiting for the change to be applied")]
     Timeout,
+    /// A move's target that cannot be (`moves.rs`).
+    #[error("{0}")]
+    InvalidReplicaAssignment(String),
+    #[error("{0}")]
+    MoveInProgress(String),
+    #[error("{0}")]
+    UnknownBroker(String),
 }
 
 pub struct Cluster {
@@ -137,7 +153,16 @@ pub struct Cluster {
     pub settings: ClusterSettings,
     /// How Raft traffic travels (mutual TLS with `[cluster.tls]`).
     pub raft_transport: kiln_raft::net::Transport,
-    pub brokers: Vec<PeerBroker>,
+    /// The brokers in the config's `[[cluster.peers]]` (`membership.rs`).
+    founders: Vec<PeerBroker>,
+    /// The cluster's brokers now: the founders and those that joined, less those removed
+    /// (`membership.rs`), by id.
+    brokers: RwLock<Arc<Vec<PeerBroker>>>,
+    /// The members now (founders, registered, joined, less removed): the Raft listener
+    /// treats any other node as a guest (`membership.rs`).
+    members: Arc<RwLock<std::collections::BTreeSet<kiln_raft::NodeId>>>,
+    /// Groups whose move this broker, leading them, is carrying out (`moves.rs`).
+    moving: std::sync::Mutex<std::collections::BTreeSet<String>>,
     /// The one connection per peer that every replica's Raft RPCs share.
     raft_mesh: Arc<kiln_raft::net::Mesh>,
     /// The Raft timings of `settings`, checked.
@@ -238,22 +263,32 @@ impl RaftGroups for Groups {
     }
 }
 
-/// How this broker's Raft listener authenticates and bounds its peers: the configured peers
-/// are the members a certificate may name.
+/// How this broker's Raft listener authenticates and bounds its peers: with mutual TLS a
+/// certified node that is not in `members` (the configured peers, and the brokers the
+/// metadata log lists) may only ask to join (`membership.rs`).
 pub(crate) fn serve_options(
     settings: &ClusterSettings,
     transport: &kiln_raft::net::Transport,
+    members: Arc<RwLock<std::collections::BTreeSet<kiln_raft::NodeId>>>,
 ) -> kiln_raft::net::ServeOptions {
-    let members = settings
+    kiln_raft::net::ServeOptions {
+        transport: transport.clone(),
+        members: None,
+        admits: Some(Arc::new(move |node| read(&members).contains(&node))),
+        connections_per_peer_max: settings.raft_connections_per_peer_max,
+    }
+}
+
+/// The configured peers' node ids: the members until the metadata log says more.
+pub(crate) fn configured_members(
+    settings: &ClusterSettings,
+) -> Arc<RwLock<std::collections::BTreeSet<kiln_raft::NodeId>>> {
+    let ids = settings
         .peers
         .iter()
         .filter_map(|p| replica::node(p.id))
         .collect();
-    kiln_raft::net::ServeOptions {
-        transport: transport.clone(),
-        members: Some(Arc::new(members)),
-        connections_per_peer_max: settings.raft_connections_per_peer_max,
-    }
+    Arc::new(RwLock::new(ids))
 }
 
 /// Where a one-off request to `peer` goes.
@@ -267,16 +302,6 @@ pub(crate) fn peer_ref<'a>(
             unreachable!("peer ids were checked to be >= 0 at load, {} too", peer.id)
         }),
         addr: &peer.raft,
-    }
-}
-
-impl Cluster {
-    /// Where a one-off request to `peer` goes.
-    pub(crate) fn peer_ref<'a>(
-        &'a self,
-        peer: &'a crate::config::PeerSettings,
-    ) -> kiln_raft::net::PeerRef<'a> {
-        peer_ref(&self.raft_transport, peer)
     }
 }
 
@@ -295,6 +320,7 @@ pub struct StartParams {
     pub offsets_snapshot_every: u64,
     /// This broker's data-directory incarnation, registered in the metadata log.
     pub incarnation: u64,
+
     pub on_cluster_id: Box<dyn Fn(&str) + Send + Sync>,
 }
 
@@ -354,6 +380,9 @@ impl Cluster {
             .map_err(|e| anyhow::anyhow!("cluster timings: {e}"))?;
         let node_id = replica::node(p.node_id)
             .ok_or_else(|| anyhow::anyhow!("node id {} is negative", p.node_id))?;
+        // A broker joining a running cluster starts no group: the internal groups' leaders add
+        // it as a learner (`membership.rs`).
+        let founding = !settings.join;
         let open = |group: &str, dir: PathBuf, members: Vec<i32>, kind: GroupKind, every: u64| {
             replica::open(replica::OpenParams {
                 node_id: p.node_id,
@@ -370,6 +399,7 @@ impl Cluster {
                 kind,
                 table_snapshot_every: every,
                 link_cuts: settings.link_cuts.clone(),
+                may_initialize: founding,
             })
         };
         let metadata = open(
@@ -393,8 +423,11 @@ impl Cluster {
         let cluster = Arc::new(Cluster {
             node_id: p.node_id,
             raft_transport: p.raft_transport,
+            members: configured_members(&settings),
             settings,
-            brokers,
+            brokers: RwLock::new(Arc::new(brokers.clone())),
+            founders: brokers,
+            moving: std::sync::Mutex::new(Default::default()),
             raft_mesh,
             timings,
             replicas_dir,
@@ -421,6 +454,8 @@ impl Cluster {
             tokio::spawn(ensure_cluster_id(cluster.clone())),
             tokio::spawn(fence::fence_self(cluster.clone())),
             tokio::spawn(rebalance::run(cluster.clone())),
+            tokio::spawn(moves::run(cluster.clone())),
+            tokio::spawn(membership::add_learners(cluster.clone())),
             tokio::spawn(kiln_raft::pulse::run(
                 node_id,
                 timings,
@@ -439,11 +474,15 @@ impl Cluster {
             tasks.push(tokio::spawn(kiln_raft::net::serve_with(
                 listener,
                 Arc::new(Groups(cluster.clone())),
-                serve_options(&cluster.settings, &cluster.raft_transport),
+                serve_options(
+                    &cluster.settings,
+                    &cluster.raft_transport,
+                    cluster.members.clone(),
+                ),
             )));
         }
         *cluster.tasks.lock().unwrap_or_else(|e| e.into_inner()) = tasks;
-        tracing::info!(node_id = p.node_id, raft = ?raft_addr, peers = cluster.brokers.len(), "cluster started");
+        tracing::info!(node_id = p.node_id, raft = ?raft_addr, peers = cluster.founders.len(), join = cluster.settings.join, "cluster started");
         Ok(cluster)
     }
 
@@ -505,8 +544,13 @@ impl Cluster {
         self.metadata.leader().0
     }
 
-    pub fn broker(&self, id: i32) -> Option<&PeerBroker> {
-        self.brokers.iter().find(|b| b.id == id)
+    /// The cluster's brokers now, by id (`membership.rs`).
+    pub fn brokers(&self) -> Arc<Vec<PeerBroker>> {
+        read(&self.brokers).clone()
+    }
+
+    pub fn broker(&self, id: i32) -> Option<PeerBroker> {
+        self.brokers().iter().find(|b| b.id == id).cloned()
     }
 
     /// Creates a topic through the metadata log. Controller only. Once the topic is committed
@@ -532,10 +576,11 @@ impl Cluster {
         }
         let rf =
             usize::from(replication_factor.unwrap_or(self.settings.default_replication_factor));
-        if rf == 0 || rf > self.brokers.len() {
+        let ids = self.assignable_brokers();
+        if rf == 0 || rf > ids.len() {
             return Err(ClusterError::InvalidReplicationFactor(format!(
                 "replication factor {rf} must be between 1 and the {} broker(s) of the cluster",
-                self.brokers.len()
+                ids.len()
             )));
         }
         topic_config::resolve(&self.log_defaults, self.default_max_batch_bytes, &overrides)
@@ -550,7 +595,6 @@ impl Cluster {
         if validate_only {
             return Ok(());
         }
-        let ids: Vec<i32> = self.brokers.iter().map(|b| b.id).collect();
         let rotation = self.metadata_table.state().topics.len();
         let command = Command::CreateTopic {
             name: name.to_string(),
@@ -660,6 +704,7 @@ impl Cluster {
     /// Opens the replicas of topics the metadata table has and this broker does not, and stops
     /// those of topics it no longer has.
     async fn reconcile_once(&self, state: &MetadataState) {
+        self.note_membership(state);
         let current: Vec<(String, Uuid)> = read(&self.topics)
             .values()
             .map(|t| (t.name.clone(), t.id))
@@ -671,9 +716,11 @@ impl Cluster {
         }
         for (name, record) in &state.topics {
             match self.topic(name) {
-                None => self.open_topic(name, record).await,
-                Some(t) if t.id == record.id && topic_changes::changed(&t, record) => {
-                    self.update_topic(&t, record).await
+                None => self.open_topic(name, record, &state.moves).await,
+                Some(t)
+                    if t.id == record.id && topic_changes::changed(&t, record, &state.moves) =>
+                {
+                    self.update_topic(&t, record, &state.moves).await
                 }
                 Some(_) => {}
             }
@@ -705,7 +752,12 @@ impl Cluster {
         }
     }
 
-    async fn open_topic(&self, name: &str, record: &metadata::TopicRecord) {
+    async fn open_topic(
+        &self,
+        name: &str,
+        record: &metadata::TopicRecord,
+        moves: &BTreeMap<String, Vec<i32>>,
+    ) {
         let Some(settings) = self.resolve_settings(name, record) else {
             return;
         };
@@ -713,7 +765,7 @@ impl Cluster {
         // membership entry): a few at once keep the disk busy, and a topic of thousands of
         // partitions opens in seconds instead of minutes. `buffered` keeps partition order.
         let replicas: Vec<_> = futures_util::stream::iter(0..record.assignments.len())
-            .map(|index| self.open_partition(name, record, index, &settings))
+            .map(|index| self.open_partition(name, record, index, &settings, moves))
             .buffered(REPLICA_OPENS_AT_ONCE_MAX)
             .collect()
             .await;
@@ -726,26 +778,35 @@ impl Cluster {
                 overrides: record.overrides.clone(),
                 settings,
                 assignments: record.assignments.clone(),
+                moves: moves::of_topic(record, moves),
                 replicas,
                 traffic: Arc::default(),
             }),
         );
     }
 
-    /// Opens this broker's replica of partition `index`, if it is assigned one.
+    /// Opens this broker's replica of partition `index`, if it is assigned one or a move
+    /// under way is adding one here.
     async fn open_partition(
         &self,
         name: &str,
         record: &metadata::TopicRecord,
         index: usize,
         settings: &TopicSettings,
+        moves: &BTreeMap<String, Vec<i32>>,
     ) -> Option<Arc<Replica>> {
-        let members = record.assignments.get(index)?;
-        if !members.contains(&self.node_id) {
-            return None;
-        }
+        let assigned = record.assignments.get(index)?;
         let index = i32::try_from(index).unwrap_or(i32::MAX);
         let group = partition_group(record.id, index);
+        let target = moves.get(&group);
+        let members = match target {
+            Some(t) if t.contains(&self.node_id) => t,
+            _ if assigned.contains(&self.node_id) => assigned,
+            _ => return None,
+        };
+        // Started anew only by its first replicas, and only if no move ever touched it.
+        let may_initialize = assigned.contains(&self.node_id)
+            && u32::try_from(index).is_ok_and(|i| !record.moved.contains(&i));
         let dir = self
             .replicas_dir
             .join(record.id.to_string())
@@ -765,6 +826,7 @@ impl Cluster {
             kind: GroupKind::Data,
             table_snapshot_every: u64::MAX,
             link_cuts: self.settings.link_cuts.clone(),
+            may_initialize,
         })
         .await;
         match opened {
@@ -777,6 +839,18 @@ impl Cluster {
                 None
             }
         }
+    }
+
+    /// Stops a replica a move took away from this broker and deletes its directory.
+    async fn remove_replica(&self, replica: &Arc<Replica>) {
+        write(&self.groups).remove(&*replica.group);
+        replica.partition.shutdown().await;
+        if let Err(e) = tokio::fs::remove_dir_all(&replica.dir).await {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(group = %replica.group, dir = %replica.dir.display(), error = %e, "could not remove a moved replica's directory");
+            }
+        }
+        tracing::info!(group = %replica.group, "replica moved away from this broker; removed");
     }
 
     async fn stop_topic(&self, name: &str, id: Uuid) {

@@ -56,22 +56,14 @@ impl Cluster {
             self.propose(&command).await?;
         } else {
             let controller = self.controller();
-            let peer = self
-                .settings
-                .peers
-                .iter()
-                .find(|p| p.id == controller)
-                .ok_or(ClusterError::NotController(controller))?;
+            if controller < 0 || controller == self.node_id {
+                return Err(ClusterError::NotController(controller));
+            }
             let payload = serde_json::to_vec(&command)
                 .map_err(|e| ClusterError::NotCommitted(e.to_string()))?;
-            kiln_raft::net::forward(
-                self.peer_ref(peer),
-                METADATA_GROUP,
-                Bytes::from(payload),
-                BLOCK_WAIT,
-            )
-            .await
-            .map_err(ClusterError::NotCommitted)?;
+            self.forward_to(controller, METADATA_GROUP, Bytes::from(payload), BLOCK_WAIT)
+                .await
+                .map_err(ClusterError::NotCommitted)?;
         }
         let mut changes = self.metadata_table.subscribe();
         let me = self.node_id;
@@ -111,6 +103,9 @@ impl Cluster {
         if group == super::elect::ELECT_GROUP {
             return self.take_elections(&payload).await;
         }
+        if group == kiln_raft::net::JOIN_GROUP {
+            return self.take_join(&payload).await;
+        }
         if group != METADATA_GROUP {
             return Err(format!("group {group} takes no forwarded proposals"));
         }
@@ -118,7 +113,7 @@ impl Cluster {
             .map_err(|e| format!("a forwarded proposal that does not parse: {e}"))?;
         match command {
             Command::AllocateProducerIds { node, count } => {
-                if !self.brokers.iter().any(|b| b.id == node) || count != PRODUCER_ID_BLOCK {
+                if !self.brokers().iter().any(|b| b.id == node) || count != PRODUCER_ID_BLOCK {
                     return Err(format!(
                         "a block of {count} producer ids for node {node} is not one to give"
                     ));
@@ -128,7 +123,13 @@ impl Cluster {
                 return Err(format!("a fence for node {node}, which is not a peer"));
             }
             Command::Fence { .. } => {}
-            _ => return Err("only producer id blocks and fences may be forwarded".into()),
+            Command::FinishMove { .. } => self.finish_allowed(&command)?,
+            _ => {
+                return Err(
+                    "only producer id blocks, fences, registrations and finished moves may be forwarded"
+                        .into(),
+                )
+            }
         }
         if !self.metadata.is_leader() {
             return Err(format!(

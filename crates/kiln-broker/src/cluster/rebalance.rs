@@ -101,7 +101,7 @@ impl Replica {
     /// handover under way), is not the preferred one, and the preferred one is in sync and
     /// acknowledged it within the lease (it is up, not merely once was).
     pub fn preferred_ready(&self) -> Option<u64> {
-        let preferred = *self.members.first()?;
+        let preferred = *self.members().first()?;
         if preferred == self.node_id || !self.partition.leads() {
             return None;
         }

@@ -17,6 +17,8 @@ use super::Cluster;
 const REGISTER_PAUSE: Duration = Duration::from_millis(500);
 /// How long one Hello to a peer may take.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a seed may take to get a joining broker's registration committed.
+const JOIN_WAIT: Duration = Duration::from_secs(10);
 
 impl Cluster {
     /// The answer to a peer's Hello. The controller proposes the registration of a configured
@@ -25,7 +27,7 @@ impl Cluster {
         let state = self.metadata_table.state();
         let sender = i32::try_from(from.sender).ok();
         let registered = sender.and_then(|s| state.brokers.get(&s).copied());
-        let is_peer = sender.is_some_and(|s| self.brokers.iter().any(|b| b.id == s));
+        let is_peer = sender.is_some_and(|s| self.founders.iter().any(|b| b.id == s));
         if let (Some(node), None, true) = (sender, registered, is_peer) {
             if state.cluster_id.is_some() && self.metadata.is_leader() {
                 self.register(node, from.incarnation);
@@ -50,7 +52,11 @@ impl Cluster {
         }
         let cluster = self.clone();
         tokio::spawn(async move {
-            let command = Command::RegisterBroker { node, incarnation };
+            let command = Command::RegisterBroker {
+                node,
+                incarnation,
+                addresses: None,
+            };
             if let Err(e) = cluster.propose(&command).await {
                 tracing::debug!(node, error = %e, "registering a broker failed; it will ask again");
             }
@@ -70,6 +76,7 @@ pub(super) async fn register_self(cluster: Arc<Cluster>, incarnation: u64) {
         sender: u64::try_from(me).unwrap_or(0),
         incarnation,
     };
+    let mut joined = false;
     loop {
         let state = cluster.metadata_table.state();
         match state.brokers.get(&me) {
@@ -93,14 +100,19 @@ pub(super) async fn register_self(cluster: Arc<Cluster>, incarnation: u64) {
             }
             None => {}
         }
-        if state.cluster_id.is_some() {
+        if cluster.settings.join {
+            // Once taken, the registration reaches this broker's table when the metadata
+            // group's leader has added it as a learner.
+            if !joined {
+                joined = join(&cluster, incarnation).await;
+            }
+        } else if state.cluster_id.is_some() {
             if cluster.metadata.is_leader() {
                 cluster.register(me, incarnation);
             } else {
                 for peer in cluster.settings.peers.iter().filter(|p| p.id != me) {
-                    if let Err(e) =
-                        kiln_raft::net::hello(cluster.peer_ref(peer), hello, HELLO_TIMEOUT).await
-                    {
+                    let to = super::peer_ref(&cluster.raft_transport, peer);
+                    if let Err(e) = kiln_raft::net::hello(to, hello, HELLO_TIMEOUT).await {
                         tracing::debug!(peer = peer.id, error = %e, "registration hello");
                     }
                 }
@@ -108,4 +120,45 @@ pub(super) async fn register_self(cluster: Arc<Cluster>, incarnation: u64) {
         }
         tokio::time::sleep(REGISTER_PAUSE).await;
     }
+}
+
+/// A joining broker's registration, with its addresses (`membership.rs`): it knows no
+/// controller yet (it has no metadata log), so it asks every seed; the controller among them
+/// proposes it, the others refuse.
+async fn join(cluster: &Arc<Cluster>, incarnation: u64) -> bool {
+    let me = cluster.node_id;
+    let Some(addresses) = cluster.own_addresses() else {
+        debug_assert!(false, "config validation puts this broker among its peers");
+        return false;
+    };
+    let command = Command::RegisterBroker {
+        node: me,
+        incarnation,
+        addresses: Some(addresses),
+    };
+    let payload = match serde_json::to_vec(&command) {
+        Ok(p) => bytes::Bytes::from(p),
+        Err(e) => {
+            debug_assert!(false, "a registration does not encode: {e}");
+            return false;
+        }
+    };
+    let mut refusals = Vec::new();
+    for peer in cluster.settings.peers.iter().filter(|p| p.id != me) {
+        let to = super::peer_ref(&cluster.raft_transport, peer);
+        match kiln_raft::net::forward(to, kiln_raft::net::JOIN_GROUP, payload.clone(), JOIN_WAIT)
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(
+                    seed = peer.id,
+                    "joined the cluster; waiting for its metadata log"
+                );
+                return true;
+            }
+            Err(e) => refusals.push(format!("broker {}: {e}", peer.id)),
+        }
+    }
+    tracing::warn!(answers = ?refusals, "joining the cluster: no seed took the registration yet; retrying");
+    false
 }

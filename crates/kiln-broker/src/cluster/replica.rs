@@ -15,8 +15,9 @@ pub struct Replica {
     /// The group's name on the Raft transport, e.g. `<topic id>/3` (shared with every beat
     /// that carries it: `kiln_raft::pulse`).
     pub group: Arc<str>,
-    /// Broker ids holding a replica, the preferred leader first.
-    pub members: Vec<i32>,
+    /// Broker ids holding a replica, the preferred leader first: replaced when a move of the
+    /// group finishes (`cluster/moves.rs`).
+    members: std::sync::RwLock<Arc<[i32]>>,
     pub partition: ReplicatedPartition,
     pub dir: PathBuf,
     /// This broker's id.
@@ -28,6 +29,22 @@ pub struct Replica {
 }
 
 impl Replica {
+    /// Broker ids holding a replica, the preferred leader first.
+    pub fn members(&self) -> Arc<[i32]> {
+        self.members
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// After a move: `members` hold the group now.
+    pub fn set_members(&self, members: &[i32]) {
+        *self
+            .members
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::from(members);
+    }
+
     /// The leader's ordered, coalescing append queue.
     pub fn proposer(&self) -> &Proposer {
         self.partition.proposer()
@@ -50,7 +67,9 @@ impl Replica {
         if leader == self.node_id && self.partition.disk_full() {
             return (-1, term);
         }
-        if leader >= 0 && leader != self.node_id {
+        // A learner (a replica a move or a join is adding) gets no beats while its group is
+        // idle: silence says nothing of its leader.
+        if leader >= 0 && leader != self.node_id && self.is_voter() {
             let heard = self
                 .partition
                 .liveness()
@@ -60,6 +79,11 @@ impl Replica {
             }
         }
         (leader, term)
+    }
+
+    /// Whether this replica is one of its group's voters (not a learner).
+    pub fn is_voter(&self) -> bool {
+        node(self.node_id).is_some_and(|me| self.partition.liveness().role().voters.contains(&me))
     }
 
     /// Replicas that hold everything committed, as the leader sees it (Kafka's ISR). Followers
@@ -79,10 +103,10 @@ impl Replica {
         let metrics = self.partition.raft().metrics();
         let m = metrics.borrow();
         let Some(progress) = &m.replication else {
-            return self.members.clone();
+            return self.members().to_vec();
         };
         let committed = m.last_applied.map(|l| l.index);
-        self.members
+        self.members()
             .iter()
             .copied()
             .filter(|id| {
@@ -121,6 +145,11 @@ pub struct OpenParams {
     pub table_snapshot_every: u64,
     /// The test hook that cuts Raft links (`ClusterSettings::link_cuts`).
     pub link_cuts: Option<Arc<kiln_raft::net::LinkCuts>>,
+    /// Whether an empty directory may start the group with `members` as its voters: true
+    /// only for a group the metadata log created with this broker among its first replicas.
+    /// A replica a move added, or any replica of a broker that joined a running cluster, is
+    /// filled by the group's leader instead (as a learner first), never started anew.
+    pub may_initialize: bool,
 }
 
 /// Opens (recovering) or creates a replica, initializes a brand-new group with `members`, and
@@ -163,7 +192,10 @@ pub async fn open(p: OpenParams) -> Result<Arc<Replica>, PartitionError> {
     // Damage can cut a log to nothing: such a replica is not pristine and must not initialize.
     let pristine =
         recovery.entries() == 0 && recovery.log.first_index == 0 && !recovery.repairing();
-    if pristine {
+    if pristine && !p.may_initialize {
+        tracing::info!(group = %p.group, "new replica; waiting for the group's leader to add it");
+    }
+    if pristine && p.may_initialize {
         let members: BTreeSet<NodeId> = p.members.iter().filter_map(|m| node(*m)).collect();
         partition.initialize(members).await?;
         // A forced election would bypass the repair guard's timer and raise the term.
@@ -182,7 +214,7 @@ pub async fn open(p: OpenParams) -> Result<Arc<Replica>, PartitionError> {
     tracing::info!(group = %p.group, entries = recovery.entries(), members = ?p.members, "replica open");
     Ok(Arc::new(Replica {
         group: Arc::from(p.group),
-        members: p.members,
+        members: std::sync::RwLock::new(Arc::from(p.members)),
         partition,
         dir: p.dir,
         node_id: p.node_id,

@@ -29,9 +29,16 @@ pub enum ConfigChange {
     Subtract(String, String),
 }
 
-/// Whether the reconciler has to act on a topic record it already opened.
-pub(super) fn changed(topic: &ClusterTopic, record: &TopicRecord) -> bool {
-    topic.overrides != record.overrides || topic.assignments.len() != record.assignments.len()
+/// Whether the reconciler has to act on a topic record it already opened: new overrides,
+/// new partitions, replicas moved, or a move begun or ended (`moves`: every group's).
+pub(super) fn changed(
+    topic: &ClusterTopic,
+    record: &TopicRecord,
+    moves: &BTreeMap<String, Vec<i32>>,
+) -> bool {
+    topic.overrides != record.overrides
+        || topic.assignments != record.assignments
+        || topic.moves != super::moves::of_topic(record, moves)
 }
 
 impl Cluster {
@@ -136,7 +143,7 @@ impl Cluster {
         if validate_only {
             return Ok(());
         }
-        let mut ids: Vec<i32> = self.brokers.iter().map(|b| b.id).collect();
+        let mut ids = self.assignable_brokers();
         ids.sort_unstable();
         let rf = record.assignments.first().map_or(1, Vec::len);
         // The rotation that put partition 0's preferred leader where it is.
@@ -159,8 +166,14 @@ impl Cluster {
     }
 
     /// Brings an open topic in line with its record: new settings on every local replica, new
-    /// partitions opened. The topic is replaced whole so readers see one consistent version.
-    pub(super) async fn update_topic(&self, topic: &ClusterTopic, record: &TopicRecord) {
+    /// partitions opened, replicas a move adds here opened and those it took away stopped and
+    /// deleted. The topic is replaced whole so readers see one consistent version.
+    pub(super) async fn update_topic(
+        &self,
+        topic: &ClusterTopic,
+        record: &TopicRecord,
+        moves: &BTreeMap<String, Vec<i32>>,
+    ) {
         let Some(settings) = self.resolve_settings(&topic.name, record) else {
             return;
         };
@@ -186,9 +199,32 @@ impl Cluster {
             tracing::error!(topic = %topic.name, "the metadata log shrank a topic; ignored");
             return;
         }
+        for (index, slot) in replicas.iter_mut().enumerate() {
+            let group = super::partition_group(record.id, i32::try_from(index).unwrap_or(i32::MAX));
+            let target = moves.get(&group);
+            let assigned = &record.assignments[index];
+            let members = match target {
+                Some(t) if t.contains(&self.node_id) => Some(t),
+                _ if assigned.contains(&self.node_id) => Some(assigned),
+                _ => None,
+            };
+            match (slot.as_ref(), members) {
+                (Some(r), Some(members)) => r.set_members(members),
+                (None, Some(_)) => {
+                    *slot = self
+                        .open_partition(&topic.name, record, index, &settings, moves)
+                        .await;
+                }
+                (Some(r), None) => {
+                    self.remove_replica(r).await;
+                    *slot = None;
+                }
+                (None, None) => {}
+            }
+        }
         for index in replicas.len()..record.assignments.len() {
             replicas.push(
-                self.open_partition(&topic.name, record, index, &settings)
+                self.open_partition(&topic.name, record, index, &settings, moves)
                     .await,
             );
         }
@@ -201,6 +237,7 @@ impl Cluster {
                 overrides: record.overrides.clone(),
                 settings,
                 assignments: record.assignments.clone(),
+                moves: super::moves::of_topic(record, moves),
                 replicas,
                 traffic: topic.traffic.clone(),
             }),

@@ -53,11 +53,12 @@ pub fn find_coordinator(
 ) -> FindCoordinatorResponse {
     // The coordinator is the leader of the replicated offsets group.
     let cluster = &broker.cluster;
-    let coordinator = cluster
-        .broker(cluster.offsets.leader().0)
-        .and_then(|b| Some((b.id, b.endpoint(listener)?)));
+    let coordinator = cluster.broker(cluster.offsets.leader().0).and_then(|b| {
+        let (host, port) = b.endpoint(listener)?;
+        Some((b.id, (host.to_string(), port)))
+    });
     let (node, host, port, unavailable) = match coordinator {
-        Some((id, (host, port))) => (BrokerId(id), s(host), port, false),
+        Some((id, (host, port))) => (BrokerId(id), s(&host), port, false),
         None => (BrokerId(-1), s(""), -1, true),
     };
     let check = |key: &StrBytes| -> Result<(), (ResponseError, String)> {

@@ -93,7 +93,7 @@ pub async fn handle(
     // Each broker at its address on the listener this request came in on (a broker without
     // one is left out, as Kafka does).
     let brokers = cluster
-        .brokers
+        .brokers()
         .iter()
         .filter_map(|b| {
             let (host, port) = b.endpoint(&listener)?;
@@ -161,7 +161,7 @@ pub fn describe_cluster(
     include_operations: bool,
 ) -> DescribeClusterResponse {
     let brokers = cluster
-        .brokers
+        .brokers()
         .iter()
         .filter_map(|b| {
             let (host, port) = b.endpoint(listener)?;

@@ -16,6 +16,7 @@ pub mod metadata;
 pub mod offsets;
 pub mod partitions;
 pub mod produce;
+pub mod reassign;
 pub mod refuse;
 pub mod users;
 
@@ -98,6 +99,11 @@ fn serve(
         RequestKind::CreatePartitions(req) => partitions::create_partitions(cluster, req),
         RequestKind::DeleteRecords(req) => partitions::delete_records(cluster, req),
         RequestKind::ElectLeaders(req) => elect::elect_leaders(cluster, req, version),
+        RequestKind::AlterPartitionReassignments(req) => reassign::alter(cluster, req),
+        RequestKind::ListPartitionReassignments(req) => Reply::Now(Box::new(
+            ResponseKind::ListPartitionReassignments(reassign::list(cluster, req)),
+        )),
+        RequestKind::UnregisterBroker(req) => reassign::unregister(cluster, req),
         RequestKind::DescribeCluster(req) => Reply::Now(Box::new(ResponseKind::DescribeCluster(
             metadata::describe_cluster(
                 broker,

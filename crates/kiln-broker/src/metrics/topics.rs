@@ -131,7 +131,7 @@ pub(super) fn render(out: &mut Exposition, cluster: &Cluster) {
     render_fsync(out);
     let under = held
         .iter()
-        .filter(|(_, _, r)| r.is_leader() && r.in_sync().len() < r.members.len())
+        .filter(|(_, _, r)| r.is_leader() && r.in_sync().len() < r.members().len())
         .count();
     out.single(
         "kiln_under_replicated_partitions",
@@ -141,7 +141,7 @@ pub(super) fn render(out: &mut Exposition, cluster: &Cluster) {
     );
     let not_preferred = held
         .iter()
-        .filter(|(_, _, r)| r.is_leader() && r.members.first() != Some(&r.node_id))
+        .filter(|(_, _, r)| r.is_leader() && r.members().first() != Some(&r.node_id))
         .count();
     out.single(
         "kiln_preferred_leader_imbalance",

@@ -95,11 +95,7 @@ impl TcpNetwork {
 
     /// Carries this network's RPCs over `transport`, on connections of its own.
     pub fn with_transport(mut self, transport: Transport) -> Self {
-        let mesh = Mesh::new(
-            self.mesh.peers().clone(),
-            transport,
-            self.mesh.connect_timeout(),
-        );
+        let mesh = Mesh::new(self.mesh.peers(), transport, self.mesh.connect_timeout());
         self.mesh = Arc::new(mesh);
         self
     }
@@ -114,7 +110,7 @@ impl TcpNetwork {
     /// connections of its own.
     pub fn with_connect_timeout(mut self, connect_timeout: Duration) -> Self {
         let mesh = Mesh::new(
-            self.mesh.peers().clone(),
+            self.mesh.peers(),
             self.mesh.transport().clone(),
             connect_timeout,
         );

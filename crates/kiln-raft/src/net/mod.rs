@@ -31,7 +31,8 @@ pub use client::{
 pub use codec::MAX_FRAME_BYTES;
 pub use mux::{Mesh, IN_FLIGHT_MAX, OUTBOX_BYTES_MAX, RECONNECT_PAUSE, SILENCE_MAX};
 pub use server::{
-    serve, serve_with, ServeOptions, CONNECTIONS_PER_PEER_MAX, HANDSHAKES_MAX, HANDSHAKE_TIMEOUT,
+    serve, serve_with, Admits, ServeOptions, CONNECTIONS_PER_PEER_MAX, HANDSHAKES_MAX,
+    HANDSHAKE_TIMEOUT, JOIN_GROUP,
 };
 pub use transport::Transport;
 

@@ -76,7 +76,9 @@ pub(crate) enum MuxError {
 
 /// A broker's connections to its peers, one per peer, made on first use.
 pub struct Mesh {
-    peers: PeerAddrs,
+    /// Where each peer listens: replaced whole when the cluster's membership changes
+    /// ([`Mesh::set_peers`]).
+    peers: std::sync::RwLock<PeerAddrs>,
     transport: Transport,
     connect_timeout: Duration,
     lanes: Mutex<BTreeMap<NodeId, Arc<Lane>>>,
@@ -85,7 +87,7 @@ pub struct Mesh {
 impl std::fmt::Debug for Mesh {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Mesh")
-            .field("peers", &self.peers)
+            .field("peers", &self.peers())
             .field("transport", &self.transport)
             .finish_non_exhaustive()
     }
@@ -95,15 +97,31 @@ impl Mesh {
     /// Connections to `peers` over `transport`, each made within `connect_timeout`.
     pub fn new(peers: PeerAddrs, transport: Transport, connect_timeout: Duration) -> Self {
         Mesh {
-            peers,
+            peers: std::sync::RwLock::new(peers),
             transport,
             connect_timeout,
             lanes: Mutex::new(BTreeMap::new()),
         }
     }
 
-    pub fn peers(&self) -> &PeerAddrs {
-        &self.peers
+    /// Where each peer listens, as of now.
+    pub fn peers(&self) -> PeerAddrs {
+        self.peers
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replaces the peers' addresses (a broker joined, left or moved). A peer whose address
+    /// changed gets a new connection on its next use; the old one is dropped with its lane,
+    /// once its calls in flight end.
+    pub fn set_peers(&self, peers: PeerAddrs) {
+        let old = std::mem::replace(
+            &mut *self.peers.write().unwrap_or_else(PoisonError::into_inner),
+            peers.clone(),
+        );
+        let mut lanes = self.lock();
+        lanes.retain(|node, _| old.get(node) == peers.get(node));
     }
 
     pub fn transport(&self) -> &Transport {
@@ -123,7 +141,7 @@ impl Mesh {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<NodeId, Arc<Lane>>> {
-        // Inserts only: a panic elsewhere leaves the map whole.
+        // Single inserts and removes: a panic elsewhere leaves the map whole.
         self.lanes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -133,7 +151,7 @@ impl Mesh {
             .or_insert_with(|| {
                 Arc::new(Lane {
                     target,
-                    addr: self.peers.get(&target).cloned(),
+                    addr: self.peers().get(&target).cloned(),
                     transport: self.transport.clone(),
                     connect_timeout: self.connect_timeout,
                     state: tokio::sync::Mutex::new(LaneState::default()),

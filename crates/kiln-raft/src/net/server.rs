@@ -62,13 +62,26 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// proposals; a reconnect may overlap the old connection's close.
 pub const CONNECTIONS_PER_PEER_MAX: usize = 16;
 
+/// Whether a node is a member now ([`ServeOptions::admits`]).
+pub type Admits = Arc<dyn Fn(NodeId) -> bool + Send + Sync>;
+
+/// The `Forward` group a broker that is not a member yet sends its request to join to: the
+/// only request a guest may make besides Hello.
+pub const JOIN_GROUP: &str = "__join";
+
 /// How a listener authenticates and bounds its peers.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ServeOptions {
     pub transport: Transport,
     /// The nodes allowed to connect, when the transport names them (mutual TLS); `None`:
     /// any node the cluster CA certified.
     pub members: Option<Arc<BTreeSet<NodeId>>>,
+    /// The members now, when they change while the listener runs (a broker joins, one is
+    /// removed): asked on every request from a node the transport names. A certified node it
+    /// does not admit is a *guest*: it may only say Hello as itself and forward to
+    /// [`JOIN_GROUP`] (a broker asking to join); anything else closes its connection without
+    /// an answer.
+    pub admits: Option<Admits>,
     /// Open connections per peer; more are closed as they arrive.
     pub connections_per_peer_max: usize,
 }
@@ -78,6 +91,7 @@ impl Default for ServeOptions {
         ServeOptions {
             transport: Transport::Plain,
             members: None,
+            admits: None,
             connections_per_peer_max: CONNECTIONS_PER_PEER_MAX,
         }
     }
@@ -169,7 +183,7 @@ pub async fn serve_with(listener: TcpListener, groups: Arc<dyn RaftGroups>, opti
                             return;
                         };
                         drop(permit);
-                        serve_connection(stream, peer, node, groups).await;
+                        serve_connection(stream, peer, node, groups, options.admits.clone()).await;
                     });
                 }
                 Err(e) => {
@@ -243,6 +257,7 @@ async fn serve_connection(
     peer: SocketAddr,
     node: Option<NodeId>,
     groups: Arc<dyn RaftGroups>,
+    admits: Option<Admits>,
 ) {
     let (mut read, write) = tokio::io::split(stream);
     // Every request task sends at most one answer, and at most REQUESTS_IN_FLIGHT_MAX run at
@@ -267,6 +282,11 @@ async fn serve_connection(
                     tracing::debug!(%peer, "raft connection idle; closing it");
                     break None;
                 }
+                Ok(Err(e)) if is_guest(node, &admits) => {
+                    // A stranger gets no answer at all, not even why.
+                    tracing::warn!(%peer, ?node, error = %e, "raft listener: refused a connection: node {} is not a member of this cluster", node.unwrap_or_default());
+                    break None;
+                }
                 Ok(Err(e)) => {
                     // The stream can no longer be trusted to be at a frame boundary: say why,
                     // then close it. The client reconnects.
@@ -276,6 +296,12 @@ async fn serve_connection(
             };
             // When it arrived: what a follower counts its vote lease from (`liveness.rs`).
             let arrived = Instant::now();
+            if let Some(node) = node.filter(|_| is_guest(node, &admits)) {
+                if !guest_may(node, &frame) {
+                    tracing::warn!(%peer, node, kind = %KindName(frame.message.kind()), "raft listener: refused a connection: node {node} is not a member of this cluster");
+                    break None;
+                }
+            }
             if let Some(node) = node {
                 if let Err(reason) = sender_is(node, &frame.message) {
                     tracing::warn!(%peer, node, %reason, "raft connection: refusing a request; closing the connection");
@@ -363,6 +389,21 @@ async fn write_replies(
     // waiting for room.
     queued.close();
     let _ = out.shutdown().await;
+}
+
+/// Whether the connection's node is certified but not a member now.
+fn is_guest(node: Option<NodeId>, admits: &Option<Admits>) -> bool {
+    matches!((node, admits), (Some(n), Some(admits)) if !admits(n))
+}
+
+/// Whether a node that is not a member may send `frame`: a Hello as itself, or a request to
+/// join (see [`ServeOptions::admits`]).
+fn guest_may(node: NodeId, frame: &Frame) -> bool {
+    match &frame.message {
+        Message::Hello(hello) => hello.sender == node,
+        Message::Forward(_) => frame.group == JOIN_GROUP,
+        _ => false,
+    }
 }
 
 /// Checks that a request from an authenticated `node` speaks for that node: a vote, an

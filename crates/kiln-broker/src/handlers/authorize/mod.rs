@@ -63,14 +63,16 @@ pub fn check(access: &Access, version: i16, body: RequestKind) -> Checked {
         | RequestKind::Heartbeat(_)
         | RequestKind::LeaveGroup(_)) => groups::membership(access, body),
         body @ RequestKind::DescribeCluster(_) => cluster_wide(access, Operation::Describe, body),
-        body @ (RequestKind::DescribeAcls(_) | RequestKind::DescribeUserScramCredentials(_)) => {
+        body @ (RequestKind::DescribeAcls(_)
+        | RequestKind::DescribeUserScramCredentials(_)
+        | RequestKind::ListPartitionReassignments(_)) => {
             cluster_wide(access, Operation::Describe, body)
         }
         body @ (RequestKind::CreateAcls(_)
         | RequestKind::DeleteAcls(_)
-        | RequestKind::AlterUserScramCredentials(_)) => {
-            cluster_wide(access, Operation::Alter, body)
-        }
+        | RequestKind::AlterUserScramCredentials(_)
+        | RequestKind::AlterPartitionReassignments(_)
+        | RequestKind::UnregisterBroker(_)) => cluster_wide(access, Operation::Alter, body),
         RequestKind::ElectLeaders(r) if !access.allows_cluster(Operation::Alter) => {
             Checked::Answer(super::elect::refuse(
                 &r,
@@ -93,6 +95,25 @@ fn cluster_wide(access: &Access, operation: Operation, body: RequestKind) -> Che
     let answer = match &body {
         RequestKind::DescribeCluster(_) => Some(ResponseKind::DescribeCluster(
             kafka_protocol::messages::DescribeClusterResponse::default()
+                .with_error_code(CLUSTER_DENIED.code())
+                .with_error_message(Some(why.into())),
+        )),
+        RequestKind::ListPartitionReassignments(_) => Some(
+            ResponseKind::ListPartitionReassignments(
+                kafka_protocol::messages::ListPartitionReassignmentsResponse::default()
+                    .with_error_code(CLUSTER_DENIED.code())
+                    .with_error_message(Some(why.into())),
+            ),
+        ),
+        RequestKind::AlterPartitionReassignments(_) => Some(
+            ResponseKind::AlterPartitionReassignments(
+                kafka_protocol::messages::AlterPartitionReassignmentsResponse::default()
+                    .with_error_code(CLUSTER_DENIED.code())
+                    .with_error_message(Some(why.into())),
+            ),
+        ),
+        RequestKind::UnregisterBroker(_) => Some(ResponseKind::UnregisterBroker(
+            kafka_protocol::messages::UnregisterBrokerResponse::default()
                 .with_error_code(CLUSTER_DENIED.code())
                 .with_error_message(Some(why.into())),
         )),
