@@ -157,7 +157,7 @@ impl StateMachine {
         let shared = &store.shared;
         let mut state = GroupState::load(shared.fs.as_ref(), &shared.dir)?.unwrap_or_default();
         let log = &shared.log;
-        if let Some(ls) = state.log_start {
+        if let Some(ls) = &state.log_start {
             let p = ls.last_purged;
             if log.tail().next_index <= p.index {
                 log.reset(p.index + 1, ls.kafka_offset, p.leader_id.term)
@@ -180,9 +180,9 @@ impl StateMachine {
             }
         }
         // What a snapshot covers is applied, whatever the log still holds.
-        if let Some(ls) = state.log_start {
-            if state.applied < Some(ls.last_purged) {
-                state.applied = Some(ls.last_purged);
+        if let Some(purged) = state.log_start.as_ref().map(|ls| ls.last_purged) {
+            if state.applied < Some(purged) {
+                state.applied = Some(purged);
             }
         }
         let mut producers = ProducerTable::default();
@@ -227,6 +227,7 @@ impl StateMachine {
         self.lock()
             .state
             .log_start
+            .as_ref()
             .map_or(i64::MIN, |l| l.kafka_offset)
     }
 
@@ -268,9 +269,9 @@ impl StateMachine {
                     .map(|i| LogId::new(openraft::CommittedLeaderId::new(durable.last_term, 0), i));
             }
         }
-        if let Some(ls) = state.log_start {
-            if state.applied < Some(ls.last_purged) {
-                state.applied = Some(ls.last_purged);
+        if let Some(purged) = state.log_start.as_ref().map(|ls| ls.last_purged) {
+            if state.applied < Some(purged) {
+                state.applied = Some(purged);
             }
         }
         if matches!(self.kind, GroupKind::Table(_)) {
@@ -297,9 +298,9 @@ impl RaftSnapshotBuilder<KilnRaft> for StateMachine {
         let mut inner = self.lock();
         let (last_log_id, data) = match &self.kind {
             GroupKind::Data => {
-                let kafka = inner.state.log_start.map_or(0, |l| l.kafka_offset);
+                let kafka = inner.state.log_start.as_ref().map_or(0, |l| l.kafka_offset);
                 (
-                    inner.state.log_start.map(|l| l.last_purged),
+                    inner.state.log_start.as_ref().map(|l| l.last_purged),
                     encode_data_snapshot(
                         kafka,
                         inner.state.records_start,
@@ -317,9 +318,11 @@ impl RaftSnapshotBuilder<KilnRaft> for StateMachine {
                 let applied = inner.state.applied;
                 inner.state.table = Some(Bytes::from(bytes.clone()));
                 if let Some(a) = applied {
+                    // The table is as of `applied`, and so is the membership applied.
                     inner.state.log_start = Some(LogStart {
                         last_purged: a,
                         kafka_offset: inner.next_kafka,
+                        membership: inner.state.membership.clone(),
                     });
                 }
                 let shared = &self.store.shared;
@@ -334,7 +337,11 @@ impl RaftSnapshotBuilder<KilnRaft> for StateMachine {
         };
         let meta = SnapshotMeta {
             last_log_id,
-            last_membership: inner.state.membership.clone(),
+            last_membership: inner
+                .state
+                .log_start
+                .as_ref()
+                .map_or_else(|| inner.state.membership.clone(), |l| l.membership.clone()),
             snapshot_id: format!("{last_log_id:?}"),
         };
         Ok(Snapshot {
@@ -433,14 +440,37 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
                     term: purge_term,
                     kafka_offset,
                 })) => {
-                    let current = inner.state.log_start.map_or(i64::MIN, |l| l.kafka_offset);
-                    if *kafka_offset > current && *kafka_offset <= base && *purge_index < index {
+                    let current = inner
+                        .state
+                        .log_start
+                        .as_ref()
+                        .map_or(i64::MIN, |l| l.kafka_offset);
+                    // The snapshot of a log start carries the membership in effect there; only
+                    // the latest applied one is known, so a log start before it waits for a
+                    // later retention pass (keeping more than retention asked, never less).
+                    let membership_after = inner
+                        .state
+                        .membership
+                        .log_id()
+                        .is_some_and(|m| m.index > *purge_index);
+                    if membership_after {
+                        tracing::info!(
+                            index,
+                            purge_index,
+                            membership = ?inner.state.membership.log_id(),
+                            "log start before the latest membership change; kept until retention passes it"
+                        );
+                    } else if *kafka_offset > current
+                        && *kafka_offset <= base
+                        && *purge_index < index
+                    {
                         inner.state.log_start = Some(LogStart {
                             last_purged: LogId::new(
                                 openraft::CommittedLeaderId::new(*purge_term, 0),
                                 *purge_index,
                             ),
                             kafka_offset: *kafka_offset,
+                            membership: inner.state.membership.clone(),
                         });
                         self.store.shared.log.advance_log_start(*kafka_offset);
                         must_save = true;
@@ -557,6 +587,7 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
         inner.state.log_start = Some(LogStart {
             last_purged: last,
             kafka_offset: kafka,
+            membership: meta.last_membership.clone(),
         });
         inner.next_kafka = kafka;
         inner.state.records_start = inner.state.records_start.max(records_start);
@@ -584,7 +615,7 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<KilnRaft>>, StorageError> {
         let inner = self.lock();
-        let Some(ls) = inner.state.log_start else {
+        let Some(ls) = inner.state.log_start.clone() else {
             return Ok(None);
         };
         let (last, data) = match &self.kind {
@@ -606,7 +637,7 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
         Ok(Some(Snapshot {
             meta: SnapshotMeta {
                 last_log_id: Some(last),
-                last_membership: inner.state.membership.clone(),
+                last_membership: ls.membership.clone(),
                 snapshot_id: format!("{last:?}"),
             },
             snapshot: Box::new(Cursor::new(data)),

@@ -13,10 +13,14 @@
 //! * `the_repair_guard_is_what_saves_records_on_a_rotted_replica`: with the repair guard off,
 //!   bit rot on a replica loses an acknowledged record for some seed; the same seed passes
 //!   with it on.
+//! * `replacements_lose_nothing`: brokers replaced (a disk lost for good, a new broker added
+//!   through learners and a joint configuration) several times per run, under the same
+//!   faults; every invariant holds and the membership changes finish.
 //! * `many_seeds` (ignored): `KILN_SIM_SEEDS=N` seeds from `KILN_SIM_FIRST` (default 0), or one
 //!   seed with `KILN_SIM_SEED=n` (prints its trace). `scripts/sim-replication` drives it.
 //!   `KILN_SIM_AIMED_PERCENT=p` sets the share of crashes aimed at a write in flight (0: every
-//!   crash at a random moment), for comparing fault mixes.
+//!   crash at a random moment), for comparing fault mixes; `KILN_SIM_REPLACE_WEIGHT=w` the
+//!   weight of broker replacements (3 by default; the replacement test uses 30).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use kiln_raft::sim::SyncBehaviour;
@@ -33,13 +37,15 @@ fn simulate(opts: SimOptions) -> SimReport {
 
 fn describe(r: &SimReport) -> String {
     format!(
-        "seed {}: {} acked ({} idempotent), {} failed, {} retentions, {} handovers, {} crashes ({} aimed, {} lost unsynced bytes, {} bytes dropped), {} power losses, {} partitions, {} log rots ({} aimed, {} hit committed entries), {} vote rots ({} lost the latest save), {}/{} repairs finished, {} leaders, hw {}, {} reads checked; offsets: {} commits acked, {} failed, {} rebuilds observed, {} leaders, hw {}; trace {:016x}",
+        "seed {}: {} acked ({} idempotent), {} failed, {} retentions, {} handovers, {}/{} replacements finished, {} crashes ({} aimed, {} lost unsynced bytes, {} bytes dropped), {} power losses, {} partitions, {} log rots ({} aimed, {} hit committed entries), {} vote rots ({} lost the latest save), {}/{} repairs finished, {} leaders, hw {}, {} reads checked; offsets: {} commits acked, {} failed, {} rebuilds observed, {} leaders, hw {}; trace {:016x}",
         r.seed,
         r.acknowledged,
         r.idempotent_acknowledged,
         r.failed_appends,
         r.retentions,
         r.handovers,
+        r.replacements_finished,
+        r.replacements,
         r.crashes,
         r.aimed_crashes,
         r.crashes_losing_unsynced,
@@ -84,6 +90,8 @@ struct Totals {
     commits_acknowledged: usize,
     rebuilds: usize,
     handovers: usize,
+    replacements: usize,
+    replacements_finished: usize,
 }
 
 impl Totals {
@@ -104,6 +112,8 @@ impl Totals {
         self.commits_acknowledged += r.commits_acknowledged;
         self.rebuilds += r.rebuilds;
         self.handovers += r.handovers;
+        self.replacements += r.replacements;
+        self.replacements_finished += r.replacements_finished;
     }
 
     /// Share of crashes that dropped written but unsynced bytes.
@@ -113,7 +123,7 @@ impl Totals {
 
     fn describe(&self) -> String {
         format!(
-            "{} seeds: {} crashes, {} power losses, {} aimed at a write in flight, {} crashes that lost unsynced bytes ({:.1}%), {} unsynced bytes dropped; bit rot: {} in synced log bytes ({} aimed, {} destroyed committed entries), {} in vote files ({} lost the latest save), {} repairs started, {} finished; offsets group: {} commits acknowledged, {} rebuilds observed; {} handovers",
+            "{} seeds: {} crashes, {} power losses, {} aimed at a write in flight, {} crashes that lost unsynced bytes ({:.1}%), {} unsynced bytes dropped; bit rot: {} in synced log bytes ({} aimed, {} destroyed committed entries), {} in vote files ({} lost the latest save), {} repairs started, {} finished; offsets group: {} commits acknowledged, {} rebuilds observed; {} handovers; {}/{} replacements finished",
             self.seeds,
             self.crashes,
             self.power_losses,
@@ -130,7 +140,9 @@ impl Totals {
             self.repairs_finished,
             self.commits_acknowledged,
             self.rebuilds,
-            self.handovers
+            self.handovers,
+            self.replacements_finished,
+            self.replacements
         )
     }
 }
@@ -168,6 +180,38 @@ fn regression_seeds() {
             fail_with_trace(&r);
         }
     }
+}
+
+/// Seeds of the replacement test: each replaces brokers several times (replace weight 30).
+const REPLACE_SEEDS: std::ops::Range<u64> = 100..112;
+
+#[test]
+fn replacements_lose_nothing() {
+    let mut totals = Totals::default();
+    for seed in REPLACE_SEEDS {
+        let r = simulate(SimOptions {
+            replace_weight: 30,
+            ..SimOptions::new(seed)
+        });
+        println!("{}", describe(&r));
+        if !r.passed() {
+            fail_with_trace(&r);
+        }
+        assert!(r.acknowledged > 0, "seed {seed} acknowledged nothing");
+        totals.add(&r);
+    }
+    println!("{}", totals.describe());
+    assert!(
+        totals.replacements >= REPLACE_SEEDS.count(),
+        "too few replacements: {}",
+        totals.replacements
+    );
+    assert!(
+        totals.replacements_finished * 2 >= totals.replacements,
+        "most replacements finish within the run: {} of {}",
+        totals.replacements_finished,
+        totals.replacements
+    );
 }
 
 #[test]
@@ -348,6 +392,9 @@ fn many_seeds() {
         let mut opts = SimOptions::new(seed);
         if let Ok(p) = std::env::var("KILN_SIM_AIMED_PERCENT") {
             opts.aimed_percent = p.parse().expect("KILN_SIM_AIMED_PERCENT must be a number");
+        }
+        if let Ok(w) = std::env::var("KILN_SIM_REPLACE_WEIGHT") {
+            opts.replace_weight = w.parse().expect("KILN_SIM_REPLACE_WEIGHT must be a number");
         }
         opts
     };

@@ -19,6 +19,15 @@
 //! picked and waits for that replica to hold written but unsynced bytes, since a crash at a
 //! random moment seldom lands between a write and its fsync (the moment that loses data).
 //!
+//! Replacing a broker (`replace`): a broker's disk is lost for good. It is crashed and never
+//! comes back; a broker with a new node id starts on an empty disk, its replicas starting no
+//! group, and a task plays the broker's move driver (`cluster/moves.rs` in kiln-broker): for
+//! each group, whichever replica leads adds the new one as a learner, waits for it to catch
+//! up, and changes the voters to the survivors and the new one through a joint configuration,
+//! retrying through crashes, partitions and elections. Faults go on meanwhile. A lost disk is
+//! a failure like rot, so the two never overlap: a replacement waits until no replica is
+//! damaged or repairing, and nothing rots until the replacement's membership is final.
+//!
 //! Bit rot (`rot.rs`): while a crashed replica is down, its synced log bytes (or its vote
 //! file) are damaged, and it must repair from its peers after it restarts. At most one replica
 //! is damaged at a time (the invariants hold while a majority keep their disks): another is
@@ -87,7 +96,11 @@ use net::link;
 use offsets::SimTable;
 use rot::{RotHunt, RotKind};
 
+/// The brokers a run starts with; replacements get the next ids.
 const NODES: [NodeId; 3] = [1, 2, 3];
+/// Longest a replacement's membership change may take, faults included, before the run
+/// reports it stuck.
+const REPLACE_DEADLINE: Duration = Duration::from_secs(30);
 
 /// The Raft groups every broker holds a replica of: the data partition and the consumer
 /// offsets.
@@ -170,8 +183,11 @@ pub struct SimOptions {
     pub rot_percent: u32,
     /// Weight of the aimed bit-rot scenario among the faults (the others weigh 100 together).
     pub aimed_rot_weight: u32,
-    /// Weight of leadership handovers among the faults (out of 100 plus the two weights).
+    /// Weight of leadership handovers among the faults (out of 100 plus the three weights).
     pub handover_weight: u32,
+    /// Weight of broker replacements (a disk lost for good, a new broker in its place) among
+    /// the faults.
+    pub replace_weight: u32,
     /// Whether replicas enforce the repair guard. Off only to show what it prevents.
     #[doc(hidden)]
     pub repair_guard: bool,
@@ -197,6 +213,7 @@ impl SimOptions {
             rot_percent: 35,
             aimed_rot_weight: 8,
             handover_weight: 10,
+            replace_weight: 3,
             repair_guard: true,
             rebuild_past_high_watermark: false,
             retention_percent: 4,
@@ -252,6 +269,10 @@ pub struct SimReport {
     pub retentions: usize,
     /// Handovers of a group's leadership started (either group).
     pub handovers: usize,
+    /// Brokers replaced (disk lost, a new broker added), and replacements whose membership
+    /// change finished in both groups.
+    pub replacements: usize,
+    pub replacements_finished: usize,
     pub failed_commits: usize,
     pub rebuilds: usize,
     pub offsets_leaders: usize,
@@ -343,6 +364,10 @@ struct World {
     damaged: BTreeSet<NodeId>,
     /// Replicas that started under the repair guard and have not been seen to lift it.
     repairing: BTreeSet<NodeId>,
+    /// The replacement under way: its membership change, driven by its own task.
+    replacing: Option<JoinHandle<bool>>,
+    /// The node id the next replacement gets.
+    next_id: NodeId,
 }
 
 fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
@@ -545,10 +570,65 @@ impl World {
         }
     }
 
-    /// Whether `id` may be damaged now: no other replica's damage is still unrepaired.
+    /// Whether `id` may be damaged now: no other replica's damage is still unrepaired, and no
+    /// replacement (a lost disk) is under way.
     fn may_rot(&mut self, id: NodeId) -> bool {
         self.note_repairs();
-        self.damaged.iter().all(|&d| d == id)
+        self.note_replacement();
+        self.replacing.is_none() && self.damaged.iter().all(|&d| d == id)
+    }
+
+    /// The brokers of the cluster now.
+    fn members(&self) -> Vec<NodeId> {
+        self.slots.keys().copied().collect()
+    }
+
+    /// Ends the record of a replacement whose task has finished.
+    fn note_replacement(&mut self) {
+        if self.replacing.as_ref().is_some_and(|t| t.is_finished()) {
+            self.replacing = None;
+            self.report.replacements_finished += 1;
+            self.log("replacement: membership final in both groups".to_string());
+        }
+    }
+
+    /// Replaces a broker drawn at random (see the module docs), unless one is being replaced
+    /// or a replica is damaged or repairing.
+    async fn replace(&mut self) {
+        self.note_repairs();
+        self.note_replacement();
+        if self.replacing.is_some() || !self.damaged.is_empty() || !self.repairing.is_empty() {
+            return;
+        }
+        let members = self.members();
+        let gone = members[self.rng.random_range(0..members.len())];
+        let new = self.next_id;
+        self.next_id += 1;
+        self.crash_node(gone, "its disk is lost for good");
+        if let Some(slot) = self.slots.remove(&gone) {
+            for t in [slot.watcher, slot.offsets.watcher, slot.pulse]
+                .into_iter()
+                .flatten()
+            {
+                t.abort();
+            }
+        }
+        let sync_delay = Duration::from_millis(self.rng.random_range(1..=12));
+        self.slots
+            .insert(new, Slot::new(SimFs::new(sync_delay, self.opts.sync)));
+        self.report.replacements += 1;
+        self.log(format!(
+            "replace: broker {gone} lost its disk; broker {new} starts empty in its place"
+        ));
+        self.start_node(new).await;
+        let target: BTreeSet<NodeId> = self.members().into_iter().collect();
+        self.replacing = Some(tokio::spawn(change_members(
+            self.router.clone(),
+            new,
+            target,
+            Arc::clone(&self.shared),
+            self.start,
+        )));
     }
 
     /// The highest index any replica has applied (a down one as of its crash): entries at or
@@ -613,7 +693,11 @@ impl World {
     fn begin_rot_hunt(&mut self, now: u64) -> Option<RotHunt> {
         let up = self.up();
         let leader = leader_of(&up)?.id();
-        let others: Vec<NodeId> = NODES.iter().copied().filter(|&n| n != leader).collect();
+        let others: Vec<NodeId> = self
+            .members()
+            .into_iter()
+            .filter(|&n| n != leader)
+            .collect();
         if up.len() < 3 || others.len() != 2 {
             return None;
         }
@@ -761,9 +845,9 @@ impl World {
                 continue;
             };
             let to = if leader.id() == PREFERRED[group] {
-                let others: Vec<NodeId> = NODES
-                    .iter()
-                    .copied()
+                let others: Vec<NodeId> = self
+                    .members()
+                    .into_iter()
                     .filter(|&n| n != leader.id())
                     .collect();
                 others[self.rng.random_range(0..others.len())]
@@ -802,6 +886,97 @@ impl World {
             .map(|(&id, _)| id)
             .collect()
     }
+}
+
+impl Slot {
+    /// A broker on `fs`, not started.
+    fn new(fs: SimFs) -> Slot {
+        Slot {
+            fs,
+            replica: None,
+            watcher: None,
+            restart_at: None,
+            applied_at_crash: None,
+            offsets: Member {
+                replica: None,
+                watcher: None,
+            },
+            pulse: None,
+        }
+    }
+}
+
+/// The broker's move driver, as a replacement needs it: in each group, whichever replica
+/// leads adds `new` as a learner (waiting until it holds the log) and makes `target` the
+/// voters through a joint configuration; tried again on any failure (no leader, leadership
+/// lost, a step timed out) until [`REPLACE_DEADLINE`]. True when both groups are done.
+async fn change_members(
+    router: SimRouter,
+    new: NodeId,
+    target: BTreeSet<NodeId>,
+    shared: Arc<Mutex<Shared>>,
+    start: Instant,
+) -> bool {
+    let deadline = Instant::now() + REPLACE_DEADLINE;
+    for group in [DATA, OFFSETS] {
+        let name = if group == DATA { "data" } else { "offsets" };
+        loop {
+            if Instant::now() >= deadline {
+                lock(&shared).violations.push(format!(
+                    "LIVENESS: the {name} group's voters did not become {target:?} within {REPLACE_DEADLINE:?}"
+                ));
+                return false;
+            }
+            let leader = {
+                let net = router.lock();
+                let up: Vec<ReplicatedPartition> = net
+                    .up
+                    .iter()
+                    .filter(|((g, _), _)| *g == group)
+                    .map(|(_, r)| r.clone())
+                    .collect();
+                leader_of(&up)
+            };
+            let Some(leader) = leader else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let raft = leader.raft().clone();
+            let (voters, joint) = {
+                let m = raft.metrics();
+                let m = m.borrow();
+                let membership = m.membership_config.membership();
+                (
+                    membership.voter_ids().collect::<BTreeSet<_>>(),
+                    membership.get_joint_config().len() > 1,
+                )
+            };
+            if voters == target && !joint {
+                log_line(
+                    &shared,
+                    start,
+                    format!("replace: {name} voters are {target:?}"),
+                );
+                break;
+            }
+            let step = async {
+                raft.add_learner(new, openraft::EmptyNode {}, true)
+                    .await
+                    .map_err(|e| format!("adding learner {new}: {e}"))?;
+                raft.change_membership(target.clone(), false)
+                    .await
+                    .map_err(|e| format!("changing the voters: {e}"))?;
+                Ok::<(), String>(())
+            };
+            match tokio::time::timeout(Duration::from_secs(3), step).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => log_line(&shared, start, format!("replace: {name} step failed: {e}")),
+                Err(_) => log_line(&shared, start, format!("replace: {name} step timed out")),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    true
 }
 
 /// Watches `replica`'s metrics and records who leads each term of `group`, reporting a
@@ -1113,21 +1288,7 @@ pub async fn run(opts: SimOptions) -> SimReport {
     let mut slots = BTreeMap::new();
     for id in NODES {
         let sync_delay = Duration::from_millis(rng.random_range(1..=12));
-        slots.insert(
-            id,
-            Slot {
-                fs: SimFs::new(sync_delay, opts.sync),
-                replica: None,
-                watcher: None,
-                restart_at: None,
-                applied_at_crash: None,
-                offsets: Member {
-                    replica: None,
-                    watcher: None,
-                },
-                pulse: None,
-            },
-        );
+        slots.insert(id, Slot::new(SimFs::new(sync_delay, opts.sync)));
     }
     let mut world = World {
         start: Instant::now(),
@@ -1142,6 +1303,8 @@ pub async fn run(opts: SimOptions) -> SimReport {
         opts: opts.clone(),
         damaged: BTreeSet::new(),
         repairing: BTreeSet::new(),
+        replacing: None,
+        next_id: NODES.len() as NodeId + 1,
     };
     for id in NODES {
         world.start_node(id).await;
@@ -1276,7 +1439,7 @@ pub async fn run(opts: SimOptions) -> SimReport {
             if hit || now >= h.until {
                 let h = *h;
                 hunt = None;
-                for id in NODES {
+                for id in world.members() {
                     world.stall_next_sync(id, false);
                 }
                 let why = if hit {
@@ -1310,9 +1473,10 @@ pub async fn run(opts: SimOptions) -> SimReport {
         }
         if now >= next_fault {
             next_fault = now + world.rng.random_range(FAULT_GAP_MS);
-            let roll = world
-                .rng
-                .random_range(0..100 + opts.aimed_rot_weight + opts.handover_weight);
+            let roll = world.rng.random_range(
+                0..100 + opts.aimed_rot_weight + opts.handover_weight + opts.replace_weight,
+            );
+            let members = world.members();
             let up: Vec<NodeId> = world.up().iter().map(|r| r.id()).collect();
             let down = world.down();
             // Drawn only when aiming is on, so that with it off no fault moves.
@@ -1350,9 +1514,9 @@ pub async fn run(opts: SimOptions) -> SimReport {
                     world.start_node(id).await;
                 }
                 60..=74 => {
-                    let id = NODES[world.rng.random_range(0..NODES.len())];
+                    let id = members[world.rng.random_range(0..members.len())];
                     let mut net = world.router.lock();
-                    for other in NODES.iter().filter(|&&o| o != id) {
+                    for other in members.iter().filter(|&&o| o != id) {
                         net.cut.insert(link(id, *other));
                     }
                     drop(net);
@@ -1360,9 +1524,8 @@ pub async fn run(opts: SimOptions) -> SimReport {
                     world.log(format!("partition: replica {id} isolated"));
                 }
                 75..=79 => {
-                    let a = NODES[world.rng.random_range(0..NODES.len())];
-                    let b =
-                        NODES[(NODES.iter().position(|&x| x == a).unwrap_or(0) + 1) % NODES.len()];
+                    let at = world.rng.random_range(0..members.len());
+                    let (a, b) = (members[at], members[(at + 1) % members.len()]);
                     world.router.lock().cut.insert(link(a, b));
                     world.report.partitions += 1;
                     world.log(format!("partition: link {a}-{b} cut"));
@@ -1370,6 +1533,9 @@ pub async fn run(opts: SimOptions) -> SimReport {
                 80..=94 => {
                     world.router.lock().cut.clear();
                     world.log("network healed".to_string());
+                }
+                r if r >= 100 + opts.aimed_rot_weight + opts.handover_weight => {
+                    world.replace().await
                 }
                 r if r >= 100 + opts.aimed_rot_weight => world.hand_over(),
                 100.. => rot_hunt = world.begin_rot_hunt(now),
@@ -1396,6 +1562,12 @@ pub async fn run(opts: SimOptions) -> SimReport {
     }
     for t in client_tasks.into_iter().chain(offsets_tasks) {
         let _ = t.await;
+    }
+    if let Some(replacing) = world.replacing.take() {
+        if matches!(replacing.await, Ok(true)) {
+            world.report.replacements_finished += 1;
+            world.log("replacement: membership final in both groups".to_string());
+        }
     }
 
     // Converge: in each group, a leader commits one more entry in its term (so everything
@@ -1478,7 +1650,7 @@ pub async fn run(opts: SimOptions) -> SimReport {
     report.repairs_started += world.report.repairs_started;
     report.repairs_finished += world.report.repairs_finished;
     check(&world, &leader, &off_leader, &mut report);
-    for id in NODES {
+    for id in world.members() {
         world.crash_node(id, "end of run");
     }
     tokio::time::sleep(Duration::from_millis(10)).await;
