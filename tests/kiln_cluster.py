@@ -393,7 +393,8 @@ class Cluster:
     def wait_leaders(self, topic: str, partitions: int, timeout_s: float = LEADERS_TIMEOUT_S,
                      agree: bool = True) -> dict[int, tuple[int, int]]:
         """Waits until every running broker reports a leader for every partition of `topic`
-        (and, with `agree`, the same leader and epoch, the leader being a running node).
+        (and, with `agree`, the same leader and epoch among those holding a replica, the
+        leader being a running node).
         Returns {partition: (leader, epoch)} as the highest-epoch answer has it."""
         deadline = time.monotonic() + timeout_s
         last = "no answer yet"
@@ -424,8 +425,10 @@ class Cluster:
                         best[p] = (st.leader, st.epoch)
             if not problem and agree:
                 for p, (leader, epoch) in best.items():
+                    # A broker holding no replica names the preferred one with epoch -1: a
+                    # hint, not a view of the partition's elections.
                     said = {i: (v.topics[topic][1][p].leader, v.topics[topic][1][p].epoch)
-                            for i, v in views.items()}
+                            for i, v in views.items() if v.topics[topic][1][p].epoch >= 0}
                     if any(s != (leader, epoch) for s in said.values()):
                         problem = f"partition {p}: brokers disagree {said}"
                         break

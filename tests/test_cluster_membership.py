@@ -9,11 +9,13 @@ test_replace_a_dead_broker_with_a_new_one
   before, to copy. Then:
     - broker 3 is killed (kill -9) and its data directory deleted for good;
     - broker 4 starts on an empty directory with `[cluster] join = true` (brokers 1-3 as
-      seeds) and is listed by every running broker;
+      seeds) and is listed by every running broker; holding no replica yet, it names each
+      partition's preferred replica and the group coordinator;
     - a move to a broker that is not a member, and one naming a broker twice, are refused
       with a clear error;
     - `kiln cluster decommission 3 --wait` moves every replica broker 3 held, the metadata
-      and offsets logs included, to broker 4, and removes 3;
+      and offsets logs included, to broker 4, and removes 3; each move it prints names the
+      bytes the new replica holds against its leader's;
     - every running broker then lists brokers [1, 2, 4] and replicas {1, 2, 4} for every
       partition, and no move is under way (`kiln cluster status`);
     - broker 1 is killed: brokers 2 and 4 alone, a majority of every group, lead every
@@ -31,7 +33,8 @@ import time
 
 import pytest
 
-from kiln_cluster import cluster_fixture
+import kafka_raw as kr
+from kiln_cluster import cluster_fixture, find_coordinator_v0
 from kiln_testlib import Delivered, RoundRobinWriter, kiln, rdk_producer, read_partition
 
 TOPIC = "moves"
@@ -106,6 +109,17 @@ def test_replace_a_dead_broker_with_a_new_one(cluster, request):
         cluster.start(4)
         # Broker 3 is still a member (dead) until it is decommissioned.
         wait_listed(cluster, [1, 2, 3, 4], JOIN_TIMEOUT_S)
+        # Broker 4 holds no replica yet: it names each partition's preferred replica (a hint,
+        # epoch -1) and the group coordinator it learnt as a learner of the offsets log.
+        cluster.wait_leaders(TOPIC, PARTITIONS)
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        while True:
+            with kr.Conn(joiner.addr, timeout_s=2.0) as conn:
+                err, coordinator = find_coordinator_v0(conn, "burnin")
+            if err == 0 and coordinator in (1, 2):
+                break
+            assert time.monotonic() < deadline, (err, coordinator)
+            time.sleep(0.2)
 
         anyone = cluster.nodes[2].addr
         bad = kiln("cluster", "reassign", "--topic", TOPIC, "--partition", "0", "--replicas", "1,2,9",
@@ -122,6 +136,9 @@ def test_replace_a_dead_broker_with_a_new_one(cluster, request):
                    "--bootstrap", anyone, timeout_s=DECOMMISSION_WAIT_S + 30)
         took = time.monotonic() - started
         assert "done in" in out.stdout, out.stdout
+        # Each move under way names the bytes its new replica holds (DescribeLogDirs).
+        moving = [line for line in out.stdout.splitlines() if line.startswith("  moving ")]
+        assert all("MiB to copy" in line or "not known yet" in line for line in moving), moving
         cluster.forget(3)
         wait_listed(cluster, [1, 2, 4], 10.0)
         for topic, n in ((TOPIC, PARTITIONS), (BULK, BULK_PARTITIONS)):

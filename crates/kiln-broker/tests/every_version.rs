@@ -196,6 +196,13 @@ fn request(api: ApiKey, version: i16, topic: &str) -> RequestKind {
         ApiKey::ListPartitionReassignments => RequestKind::ListPartitionReassignments(
             ListPartitionReassignmentsRequest::default().with_timeout_ms(5000),
         ),
+        ApiKey::DescribeLogDirs => {
+            RequestKind::DescribeLogDirs(DescribeLogDirsRequest::default().with_topics(Some(vec![
+                describe_log_dirs_request::DescribableLogDirTopic::default()
+                    .with_topic(name(topic))
+                    .with_partitions(vec![0]),
+            ])))
+        }
         // No such broker: BROKER_ID_NOT_REGISTERED.
         ApiKey::UnregisterBroker => RequestKind::UnregisterBroker(
             UnregisterBrokerRequest::default().with_broker_id(BrokerId(99)),
@@ -366,6 +373,12 @@ async fn every_supported_version_is_answered() {
                 }
                 ResponseKind::ListPartitionReassignments(r) => {
                     r.error_code == 0 && r.topics.is_empty()
+                }
+                ResponseKind::DescribeLogDirs(r) => {
+                    r.error_code == 0
+                        && r.results.len() == 1
+                        && r.results[0].topics.len() == 1
+                        && r.results[0].topics[0].partitions[0].partition_size > 0
                 }
                 ResponseKind::UnregisterBroker(r) => {
                     r.error_code == ResponseError::BrokerIdNotRegistered.code()

@@ -337,6 +337,7 @@ fn api_key_of(body: &RequestKind) -> ApiKey {
         RequestKind::AlterPartitionReassignments(_) => ApiKey::AlterPartitionReassignments,
         RequestKind::ListPartitionReassignments(_) => ApiKey::ListPartitionReassignments,
         RequestKind::UnregisterBroker(_) => ApiKey::UnregisterBroker,
+        RequestKind::DescribeLogDirs(_) => ApiKey::DescribeLogDirs,
         RequestKind::SaslHandshake(_) => ApiKey::SaslHandshake,
         RequestKind::SaslAuthenticate(_) => ApiKey::SaslAuthenticate,
         RequestKind::DescribeUserScramCredentials(_) => ApiKey::DescribeUserScramCredentials,

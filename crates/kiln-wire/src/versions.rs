@@ -45,6 +45,7 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::AlterPartitionReassignments, 0, 1),
     (ApiKey::ListPartitionReassignments, 0, 0),
     (ApiKey::UnregisterBroker, 0, 0),
+    (ApiKey::DescribeLogDirs, 1, 4),
     // SASL (docs/security.md). SaslHandshake v0 sends the mechanism's tokens as bare frames
     // without Kafka headers; every current client uses v1 with SaslAuthenticate.
     (ApiKey::SaslHandshake, 1, 1),

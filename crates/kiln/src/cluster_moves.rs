@@ -9,9 +9,13 @@ use anyhow::{bail, Context};
 use kafka_protocol::messages::alter_partition_reassignments_request::{
     ReassignablePartition, ReassignableTopic,
 };
+use std::collections::BTreeMap;
+
+use kafka_protocol::messages::describe_log_dirs_request::DescribableLogDirTopic;
 use kafka_protocol::messages::{
-    AlterPartitionReassignmentsRequest, BrokerId, ListPartitionReassignmentsRequest,
-    ListPartitionReassignmentsResponse, RequestKind, ResponseKind, UnregisterBrokerRequest,
+    AlterPartitionReassignmentsRequest, BrokerId, DescribeLogDirsRequest,
+    ListPartitionReassignmentsRequest, ListPartitionReassignmentsResponse, RequestKind,
+    ResponseKind, UnregisterBrokerRequest,
 };
 use kiln_client::Connection;
 
@@ -120,8 +124,54 @@ async fn list(
     Ok(response)
 }
 
-/// Prints the brokers and the moves under way; returns the number of moves and whether
-/// `gone` (a broker being decommissioned) is still listed.
+/// Bytes each broker holds of each named partition (DescribeLogDirs, asked of every broker;
+/// one that does not answer is left out).
+async fn sizes(
+    brokers: &[(i32, String)],
+    timeout: Duration,
+    partitions: &BTreeMap<String, Vec<i32>>,
+) -> BTreeMap<(String, i32, i32), i64> {
+    let topics: Vec<DescribableLogDirTopic> = partitions
+        .iter()
+        .map(|(t, ps)| {
+            DescribableLogDirTopic::default()
+                .with_topic(topic_name(t))
+                .with_partitions(ps.clone())
+        })
+        .collect();
+    let mut out = BTreeMap::new();
+    for (id, addr) in brokers {
+        let Ok(mut conn) = Connection::connect(addr, timeout).await else {
+            continue;
+        };
+        let request = DescribeLogDirsRequest::default().with_topics(Some(topics.clone()));
+        let Ok(ResponseKind::DescribeLogDirs(r)) = conn
+            .call(RequestKind::DescribeLogDirs(request), timeout)
+            .await
+        else {
+            continue;
+        };
+        for dir in &r.results {
+            for t in &dir.topics {
+                for p in &t.partitions {
+                    out.insert(
+                        (t.name.as_str().to_string(), p.partition_index, *id),
+                        p.partition_size,
+                    );
+                }
+            }
+        }
+    }
+    out
+}
+
+fn mib(bytes: i64) -> f64 {
+    bytes as f64 / f64::from(1 << 20)
+}
+
+/// Prints the brokers and the moves under way, with the bytes each new replica holds against
+/// the most any current replica holds; returns the number of moves and whether `gone` (a
+/// broker being decommissioned) is still listed.
 pub async fn status(
     conn: &mut Connection,
     timeout: Duration,
@@ -132,18 +182,55 @@ pub async fn status(
     brokers.sort_unstable();
     println!("brokers: {brokers:?}, controller: {}", m.controller_id.0);
     let moves = list(conn, timeout).await?;
+    let mut moving: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+    for t in &moves.topics {
+        let partitions = t.partitions.iter().map(|p| p.partition_index).collect();
+        moving.insert(t.name.as_str().to_string(), partitions);
+    }
+    let held = if moving.is_empty() {
+        BTreeMap::new()
+    } else {
+        let addrs: Vec<(i32, String)> = m
+            .brokers
+            .iter()
+            .map(|b| (b.node_id.0, format!("{}:{}", b.host.as_str(), b.port)))
+            .collect();
+        sizes(&addrs, timeout, &moving).await
+    };
     let mut count = 0;
     for t in &moves.topics {
+        let name = t.name.as_str();
         for p in &t.partitions {
             count += 1;
             let ids = |v: &[BrokerId]| v.iter().map(|b| b.0).collect::<Vec<_>>();
+            let size = |b: i32| held.get(&(name.to_string(), p.partition_index, b)).copied();
+            let full = p
+                .replicas
+                .iter()
+                .filter(|b| !p.adding_replicas.contains(b))
+                .filter_map(|b| size(b.0))
+                .max();
+            let progress: Vec<String> = p
+                .adding_replicas
+                .iter()
+                .map(|b| match (size(b.0), full) {
+                    (Some(have), Some(full)) => format!(
+                        "broker {} holds {:.1} of {:.1} MiB ({:.1} MiB to copy)",
+                        b.0,
+                        mib(have),
+                        mib(full),
+                        mib((full - have).max(0))
+                    ),
+                    _ => format!("broker {}: size not known yet", b.0),
+                })
+                .collect();
             println!(
-                "  moving {}/{}: replicas {:?}, adding {:?}, removing {:?}",
-                t.name.as_str(),
+                "  moving {name}/{}: replicas {:?}, adding {:?}, removing {:?}; {}",
                 p.partition_index,
                 ids(&p.replicas),
                 ids(&p.adding_replicas),
-                ids(&p.removing_replicas)
+                ids(&p.removing_replicas),
+                progress.join("; ")
             );
         }
     }

@@ -248,6 +248,18 @@ impl Cluster {
         self.propose(&Command::Decommission { node }).await
     }
 
+    /// This broker's replica of `topic`'s partition `partition`, internal topics included.
+    pub fn replica_of(&self, topic: &str, partition: i32) -> Option<Arc<Replica>> {
+        match topic {
+            METADATA_TOPIC if partition == 0 => Some(self.metadata.clone()),
+            OFFSETS_TOPIC if partition == 0 => Some(self.offsets.clone()),
+            _ => {
+                let t = self.topic(topic)?;
+                self.partition(&t, partition)
+            }
+        }
+    }
+
     /// Every move under way.
     pub fn moves_under_way(&self) -> Vec<MoveStatus> {
         let state = self.metadata_table.state();

@@ -1,5 +1,6 @@
 //! Metadata: every broker of the cluster, the controller, and per partition the leader and
-//! epoch as this broker's replica knows them. The cluster id is the replicated one (persisted
+//! epoch as this broker's replica knows them (a broker holding no replica names the preferred
+//! one, epoch unknown). The cluster id is the replicated one (persisted
 //! by every broker once learnt); before a new cluster has named itself it is null. A topic this
 //! broker does not know is UNKNOWN_TOPIC_OR_PARTITION only once it has caught up with the
 //! metadata log (`cluster/fence.rs`); before, LEADER_NOT_AVAILABLE.
@@ -113,6 +114,7 @@ pub async fn handle(
 }
 
 fn describe(cluster: &Cluster, topic: &ClusterTopic) -> MetadataResponseTopic {
+    let brokers: Vec<i32> = cluster.brokers().iter().map(|b| b.id).collect();
     let partitions = topic
         .assignments
         .iter()
@@ -137,12 +139,22 @@ fn describe(cluster: &Cluster, topic: &ClusterTopic) -> MetadataResponseTopic {
                         response
                     }
                 }
-                // Not a replica here: this broker does not follow the partition's elections.
-                None => response
-                    .with_leader_id(BrokerId(-1))
-                    .with_leader_epoch(-1)
-                    .with_isr_nodes(replicas)
-                    .with_error_code(ResponseError::LeaderNotAvailable.code()),
+                // Not a replica here (a cluster of more brokers than the replication factor):
+                // this broker does not follow the partition's elections. It names the preferred
+                // replica, which leads it whenever it can (the leader balance), with an unknown
+                // epoch: a client that finds another leader there is told NOT_LEADER and asks
+                // again, and one that knows a leader of some epoch keeps it.
+                None => match members.iter().find(|m| brokers.contains(m)) {
+                    Some(&preferred) => response
+                        .with_leader_id(BrokerId(preferred))
+                        .with_leader_epoch(-1)
+                        .with_isr_nodes(replicas),
+                    None => response
+                        .with_leader_id(BrokerId(-1))
+                        .with_leader_epoch(-1)
+                        .with_isr_nodes(replicas)
+                        .with_error_code(ResponseError::LeaderNotAvailable.code()),
+                },
             }
         })
         .collect();

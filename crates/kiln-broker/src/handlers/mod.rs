@@ -12,6 +12,7 @@ pub mod fetch;
 pub mod groups;
 pub mod init_producer_id;
 pub mod list_offsets;
+pub mod log_dirs;
 pub mod metadata;
 pub mod offsets;
 pub mod partitions;
@@ -104,6 +105,18 @@ fn serve(
             ResponseKind::ListPartitionReassignments(reassign::list(cluster, req)),
         )),
         RequestKind::UnregisterBroker(req) => reassign::unregister(cluster, req),
+        RequestKind::DescribeLogDirs(req) => {
+            Reply::Now(Box::new(ResponseKind::DescribeLogDirs(log_dirs::describe(
+                cluster,
+                &broker
+                    .config
+                    .data_dir
+                    .join("replicas")
+                    .display()
+                    .to_string(),
+                req,
+            ))))
+        }
         RequestKind::DescribeCluster(req) => Reply::Now(Box::new(ResponseKind::DescribeCluster(
             metadata::describe_cluster(
                 broker,

@@ -149,6 +149,7 @@ pub(super) fn render(out: &mut Exposition, cluster: &Cluster) {
         "Partitions this broker leads whose preferred replica (their first) is another broker: leadership the leader balance (cluster.auto_leader_rebalance) hands back once that broker is in sync.",
         not_preferred,
     );
+    render_moves(out, cluster);
     let changes: u64 = cluster.replicas().iter().map(|r| r.leader_changes()).sum();
     out.single(
         "kiln_leader_changes_total",
@@ -189,4 +190,51 @@ pub(super) fn render_fsync(out: &mut Exposition) {
             sum: fsync.sum_seconds,
         },
     );
+}
+
+/// Replica moves (`cluster/moves.rs`): how many are under way, and on the leader of each, how
+/// many entries each replica being added still lacks.
+fn render_moves(out: &mut Exposition, cluster: &Cluster) {
+    let moves = cluster.moves_under_way();
+    out.single(
+        "kiln_replica_moves",
+        Kind::Gauge,
+        "Replica moves under way in the cluster (AlterPartitionReassignments, decommissions).",
+        moves.len(),
+    );
+    out.family(
+        "kiln_replica_move_entries_behind",
+        Kind::Gauge,
+        "On the leader of a group being moved: Raft entries a replica being added still lacks (its learner's matched entry against the leader's last).",
+    );
+    for m in &moves {
+        let Some(replica) = cluster.replica_of(&m.topic, m.partition) else {
+            continue;
+        };
+        if !replica.is_leader() {
+            continue;
+        }
+        let metrics = replica.partition.raft().metrics();
+        let metrics = metrics.borrow();
+        let (Some(last), Some(progress)) = (metrics.last_log_index, &metrics.replication) else {
+            continue;
+        };
+        let partition = m.partition.to_string();
+        for broker in m.adding() {
+            let Some(node) = crate::cluster::replica::node(broker) else {
+                continue;
+            };
+            let matched = progress.get(&node).copied().flatten().map(|l| l.index);
+            let behind = matched.map_or(last + 1, |i| last.saturating_sub(i));
+            out.sample(
+                "kiln_replica_move_entries_behind",
+                &[
+                    ("topic", &m.topic),
+                    ("partition", &partition),
+                    ("broker", &broker.to_string()),
+                ],
+                behind,
+            );
+        }
+    }
 }

@@ -65,9 +65,8 @@ pub fn check(access: &Access, version: i16, body: RequestKind) -> Checked {
         body @ RequestKind::DescribeCluster(_) => cluster_wide(access, Operation::Describe, body),
         body @ (RequestKind::DescribeAcls(_)
         | RequestKind::DescribeUserScramCredentials(_)
-        | RequestKind::ListPartitionReassignments(_)) => {
-            cluster_wide(access, Operation::Describe, body)
-        }
+        | RequestKind::ListPartitionReassignments(_)
+        | RequestKind::DescribeLogDirs(_)) => cluster_wide(access, Operation::Describe, body),
         body @ (RequestKind::CreateAcls(_)
         | RequestKind::DeleteAcls(_)
         | RequestKind::AlterUserScramCredentials(_)
@@ -112,6 +111,10 @@ fn cluster_wide(access: &Access, operation: Operation, body: RequestKind) -> Che
                     .with_error_message(Some(why.into())),
             ),
         ),
+        RequestKind::DescribeLogDirs(_) => Some(ResponseKind::DescribeLogDirs(
+            kafka_protocol::messages::DescribeLogDirsResponse::default()
+                .with_error_code(CLUSTER_DENIED.code()),
+        )),
         RequestKind::UnregisterBroker(_) => Some(ResponseKind::UnregisterBroker(
             kafka_protocol::messages::UnregisterBrokerResponse::default()
                 .with_error_code(CLUSTER_DENIED.code())
