@@ -185,10 +185,16 @@ fn regression_seeds() {
 /// Seeds of the replacement test: each replaces brokers several times (replace weight 30).
 const REPLACE_SEEDS: std::ops::Range<u64> = 100..112;
 
+/// Replacement seeds that once found a violation. 40034: a restarted replica whose commit index
+/// lagged behind its committed membership installed a conflicting snapshot; openraft truncated
+/// its log from past the commit index, through the committed membership, and its Raft core
+/// stopped on the assertion (vendor/openraft/KILN-PATCH.md).
+const REPLACE_REGRESSION_SEEDS: [u64; 1] = [40034];
+
 #[test]
 fn replacements_lose_nothing() {
     let mut totals = Totals::default();
-    for seed in REPLACE_SEEDS {
+    for seed in REPLACE_SEEDS.chain(REPLACE_REGRESSION_SEEDS) {
         let r = simulate(SimOptions {
             replace_weight: 30,
             ..SimOptions::new(seed)
@@ -202,7 +208,7 @@ fn replacements_lose_nothing() {
     }
     println!("{}", totals.describe());
     assert!(
-        totals.replacements >= REPLACE_SEEDS.count(),
+        totals.replacements >= REPLACE_SEEDS.count() + REPLACE_REGRESSION_SEEDS.len(),
         "too few replacements: {}",
         totals.replacements
     );

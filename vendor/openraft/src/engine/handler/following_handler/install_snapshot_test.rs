@@ -411,3 +411,55 @@ fn test_install_snapshot_update_accepted() -> anyhow::Result<()> {
 
     Ok(())
 }
+
+/// Kiln patch: a follower whose commit index lags behind its committed membership (known
+/// committed because a later membership was appended after it) truncates a conflicting tail
+/// from past that membership, not from its commit index, which would truncate a committed
+/// membership.
+#[test]
+fn test_install_snapshot_conflict_keeps_the_committed_membership() -> anyhow::Result<()> {
+    let mut eng = {
+        let mut eng = Engine::<UTConfig>::default();
+        eng.state.enable_validation(false); // Disable validation for incomplete state
+
+        eng.state.vote.update(TokioInstant::now(), Vote::new_committed(2, 1));
+        eng.state.committed = Some(log_id(2, 1, 3));
+        eng.state.log_ids = LogIdList::new(vec![
+            //
+            log_id(2, 1, 2),
+            log_id(3, 1, 5),
+            log_id(3, 1, 8),
+        ]);
+        eng.state.membership_state = MembershipState::new(
+            Arc::new(EffectiveMembership::new(Some(log_id(3, 1, 5)), m12())),
+            Arc::new(EffectiveMembership::new(Some(log_id(3, 1, 6)), m1234())),
+        );
+        eng.state.server_state = eng.calc_server_state();
+        eng
+    };
+
+    // Entry 7 conflicts (term 4 against the local term 3).
+    let cond = eng.following_handler().install_full_snapshot(Snapshot {
+        meta: SnapshotMeta {
+            last_log_id: Some(log_id(4, 1, 7)),
+            last_membership: StoredMembership::new(Some(log_id(3, 1, 6)), m1234()),
+            snapshot_id: "4-7".to_string(),
+        },
+        snapshot: Box::new(Cursor::new(vec![0u8])),
+    });
+
+    assert_eq!(Some(Condition::StateMachineCommand { command_seq: 1 }), cond);
+    let commands = eng.output.take_commands();
+    assert_eq!(
+        Command::DeleteConflictLog { since: log_id(3, 1, 6) },
+        commands[0],
+        "truncated from past the committed membership (5), not from past the commit index (3)"
+    );
+    assert_eq!(Some(&log_id(4, 1, 7)), eng.state.committed());
+    let expected = Arc::new(EffectiveMembership::new(Some(log_id(3, 1, 6)), m1234()));
+    assert_eq!(
+        MembershipState::new(expected.clone(), expected),
+        eng.state.membership_state
+    );
+    Ok(())
+}

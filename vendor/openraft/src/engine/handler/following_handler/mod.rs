@@ -307,7 +307,18 @@ where C: RaftTypeConfig
         if let Some(local) = local {
             if local != snap_last_log_id {
                 // Conflict, delete all non-committed logs.
-                self.truncate_logs(self.state.committed().next_index());
+                //
+                // Kiln patch: not below the committed membership. A follower that appended a
+                // membership entry knows the one before it committed (a leader proposes one
+                // only once the previous is), though its commit index may lag behind it (after
+                // a restart, it is what its state machine applied). Those entries match the
+                // leader's, and truncating them trips `MembershipState::truncate`'s assertion
+                // that a committed membership is never truncated. The conflict lies past them
+                // (the entries up to the committed membership cannot conflict), and the
+                // snapshot purges the rest of what it covers.
+                let committed = self.state.committed().next_index();
+                let membership = self.state.membership_state.committed().log_id().next_index();
+                self.truncate_logs(std::cmp::max(committed, membership));
             }
         }
 
