@@ -188,10 +188,14 @@ pub struct Liveness {
     /// The same on every replica of the group: orders its followers after a leader dies.
     stagger: u64,
     /// The voter clients should find leading (the first of the partition's replicas): it
-    /// stands first among its leader's followers when the leader falls silent.
-    preferred: Option<NodeId>,
+    /// stands first among its leader's followers when the leader falls silent. Changed when a
+    /// move gives the partition another first replica; [`NO_PREFERRED`] for none.
+    preferred: std::sync::atomic::AtomicU64,
     state: Mutex<State>,
 }
+
+/// [`Liveness::preferred`]'s value for none (node ids come from non-negative broker ids).
+const NO_PREFERRED: u64 = u64::MAX;
 
 #[derive(Debug)]
 struct State {
@@ -230,7 +234,7 @@ impl Liveness {
             id,
             timings,
             stagger,
-            preferred: None,
+            preferred: std::sync::atomic::AtomicU64::new(NO_PREFERRED),
             state: Mutex::new(State {
                 role: Role {
                     state: openraft::ServerState::Learner,
@@ -256,13 +260,27 @@ impl Liveness {
     }
 
     /// Names the group's preferred replica (see [`Liveness::hand_over`]).
-    pub fn with_preferred(mut self, preferred: Option<NodeId>) -> Liveness {
-        self.preferred = preferred;
+    pub fn with_preferred(self, preferred: Option<NodeId>) -> Liveness {
+        self.set_preferred(preferred);
         self
     }
 
+    /// The group's preferred replica now (a move may change it).
+    pub fn set_preferred(&self, preferred: Option<NodeId>) {
+        debug_assert_ne!(
+            preferred,
+            Some(NO_PREFERRED),
+            "node id {NO_PREFERRED} is reserved"
+        );
+        self.preferred.store(
+            preferred.unwrap_or(NO_PREFERRED),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
     pub fn preferred(&self) -> Option<NodeId> {
-        self.preferred
+        Some(self.preferred.load(std::sync::atomic::Ordering::Relaxed))
+            .filter(|&p| p != NO_PREFERRED)
     }
 
     pub fn timings(&self) -> Timings {
@@ -429,7 +447,7 @@ impl Liveness {
             if quiet_since(&s) + self.timings.election_min > now + horizon {
                 return Check::Idle;
             }
-            return match election_at(&s, self.id, self.stagger, self.preferred, &self.timings) {
+            return match election_at(&s, self.id, self.stagger, self.preferred(), &self.timings) {
                 Some(at) if at <= now + horizon => Check::Stand(at),
                 _ => Check::Idle,
             };
@@ -503,7 +521,7 @@ impl Liveness {
             &self.lock(),
             self.id,
             self.stagger,
-            self.preferred,
+            self.preferred(),
             &self.timings,
         )
         .is_some_and(|at| at <= now)
@@ -752,6 +770,16 @@ mod tests {
         assert!(!five.lease_holds(1, &[1, 2, 3, 4, 5], t0));
         five.acked(1, 4, t0);
         assert!(five.lease_holds(1, &[1, 2, 3, 4, 5], t0));
+    }
+
+    #[test]
+    fn a_move_changes_the_preferred_replica() {
+        let l = Liveness::new(2, timings(), 7).with_preferred(Some(3));
+        assert_eq!(l.preferred(), Some(3));
+        l.set_preferred(Some(4));
+        assert_eq!(l.preferred(), Some(4));
+        l.set_preferred(None);
+        assert_eq!(l.preferred(), None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -99,7 +99,7 @@ impl Cluster {
 
     /// Brokers new replicas may be placed on: the cluster's, less those leaving.
     pub(super) fn assignable_brokers(&self) -> Vec<i32> {
-        let leaving = self.metadata_table.state().leaving;
+        let leaving = self.metadata_table.leaving();
         self.brokers()
             .iter()
             .map(|b| b.id)

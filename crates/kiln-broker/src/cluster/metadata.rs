@@ -304,6 +304,12 @@ impl MetadataTable {
             .authorize_any(principal, host, operation, resource_type)
     }
 
+    /// The brokers being decommissioned (`state()` would copy every topic; the learner task
+    /// asks every second).
+    pub fn leaving(&self) -> std::collections::BTreeSet<i32> {
+        self.lock().leaving.clone()
+    }
+
     /// The bindings `filter` selects.
     pub fn acls_matching(&self, filter: &kiln_acl::Filter) -> Vec<kiln_acl::Binding> {
         self.lock().acls.matching(filter).cloned().collect()

@@ -37,12 +37,16 @@ impl Replica {
             .clone()
     }
 
-    /// After a move: `members` hold the group now.
+    /// After a move: `members` hold the group now, the first of them preferred (it stands
+    /// first when the leader falls silent, and the leader balance hands over to it).
     pub fn set_members(&self, members: &[i32]) {
         *self
             .members
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::from(members);
+        self.partition
+            .liveness()
+            .set_preferred(members.first().and_then(|m| node(*m)));
     }
 
     /// The leader's ordered, coalescing append queue.
