@@ -24,6 +24,7 @@ mod brokers;
 mod cluster;
 mod disk;
 mod idempotence;
+mod moves;
 mod offsets;
 mod partitions;
 mod produce;
@@ -68,6 +69,9 @@ enum Command {
     /// N partitions at RF 3 on three brokers (N = 300, 1,000, 3,000): creation, idle cost,
     /// throughput over all of them, and failover when a broker leading a third is killed.
     Partitions(partitions::PartitionsArgs),
+    /// One partition's log copied to a broker that did not hold it (a replica move), with a
+    /// producer writing meanwhile at several rates: MiB/s beside the disk's bandwidth.
+    Moves(moves::MovesArgs),
     /// `produce` over plain TCP and over mutual TLS, alternated: the throughput ratio.
     Tls(produce::ProduceArgs),
     /// New connections with and without a SCRAM login: what the login costs.
@@ -113,6 +117,7 @@ fn main() -> anyhow::Result<()> {
         Command::Offsets(args) => offsets::run(&cli.dir, &args, &runtime)?,
         Command::Idempotence(args) => idempotence::run(&cli.dir, &args, &runtime)?,
         Command::Partitions(args) => partitions::run(&cli.dir, &args, &runtime)?,
+        Command::Moves(args) => moves::run(&cli.dir, &args, &runtime)?,
         Command::Tls(args) => runtime.block_on(produce::compare_tls(&cli.dir, &args))?,
         Command::Sasl(args) => runtime.block_on(sasl::run(&cli.dir, &args))?,
         Command::RecoveryFill(args) => recovery::fill(&args)?,
