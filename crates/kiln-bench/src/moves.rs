@@ -190,7 +190,7 @@ fn fill(brokers: &mut Brokers, bootstrap: &str, mib: u64) -> anyhow::Result<()> 
         record_bytes: BULK_RECORD_BYTES,
         partitions: 1,
         in_flight: 256,
-        ..bulk_load()
+        ..live_load()
     };
     let producer = cluster::producer(bootstrap, &load)?;
     let records = mib * (1 << 20) / BULK_RECORD_BYTES as u64;
@@ -198,7 +198,9 @@ fn fill(brokers: &mut Brokers, bootstrap: &str, mib: u64) -> anyhow::Result<()> 
     cluster::finish(&producer, brokers, "fill", sent)
 }
 
-fn bulk_load() -> LoadArgs {
+/// The live producer's load (1 KiB records over the live topic, idempotent); the fill
+/// overrides the record size and partitions.
+fn live_load() -> LoadArgs {
     LoadArgs {
         kiln_bin: std::path::PathBuf::new(),
         record_bytes: LIVE_RECORD_BYTES,
@@ -221,7 +223,7 @@ struct Live {
 
 impl Live {
     fn start(bootstrap: &str, rate: Option<u64>) -> anyhow::Result<Live> {
-        let load = bulk_load();
+        let load = live_load();
         let producer = Arc::new(cluster::producer(bootstrap, &load)?);
         let stop = Arc::new(AtomicBool::new(false));
         let (p, s) = (producer.clone(), stop.clone());

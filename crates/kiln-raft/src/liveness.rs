@@ -360,6 +360,11 @@ impl Liveness {
         self.lock().role.clone()
     }
 
+    /// Whether this replica is a voter of its group (not a learner), by its last known role.
+    pub fn is_voter(&self) -> bool {
+        self.lock().role.voters.contains(&self.id)
+    }
+
     /// A message from `leader` of `term`, which arrived at `at`, was accepted.
     pub fn heard(&self, term: u64, leader: NodeId, at: Instant) {
         let mut s = self.lock();

@@ -150,16 +150,7 @@ impl Cluster {
         let command: Command = serde_json::from_slice(payload)
             .map_err(|e| format!("a request to join that does not parse: {e}"))?;
         self.registration_allowed(&command)?;
-        if !self.metadata.is_leader() {
-            return Err(format!(
-                "not the controller; the controller is {}",
-                self.controller()
-            ));
-        }
-        self.propose(&command)
-            .await
-            .map(|()| Bytes::new())
-            .map_err(|e| e.to_string())
+        self.propose_forwarded(&command).await
     }
 
     /// Whether a forwarded registration may be proposed: a broker joining with its addresses,

@@ -785,6 +785,24 @@ impl Cluster {
         );
     }
 
+    /// The members of partition `index` as this broker's replica of it knows them: a move's
+    /// target that names this broker (the move adds or keeps a replica here), else the
+    /// assignment if it names this broker; `None` where this broker holds no replica.
+    fn local_members<'a>(
+        &self,
+        record: &'a metadata::TopicRecord,
+        index: usize,
+        moves: &'a BTreeMap<String, Vec<i32>>,
+    ) -> Option<&'a Vec<i32>> {
+        let assigned = record.assignments.get(index)?;
+        let group = partition_group(record.id, i32::try_from(index).unwrap_or(i32::MAX));
+        match moves.get(&group) {
+            Some(t) if t.contains(&self.node_id) => Some(t),
+            _ if assigned.contains(&self.node_id) => Some(assigned),
+            _ => None,
+        }
+    }
+
     /// Opens this broker's replica of partition `index`, if it is assigned one or a move
     /// under way is adding one here.
     async fn open_partition(
@@ -796,14 +814,9 @@ impl Cluster {
         moves: &BTreeMap<String, Vec<i32>>,
     ) -> Option<Arc<Replica>> {
         let assigned = record.assignments.get(index)?;
+        let members = self.local_members(record, index, moves)?;
         let index = i32::try_from(index).unwrap_or(i32::MAX);
         let group = partition_group(record.id, index);
-        let target = moves.get(&group);
-        let members = match target {
-            Some(t) if t.contains(&self.node_id) => t,
-            _ if assigned.contains(&self.node_id) => assigned,
-            _ => return None,
-        };
         // Started anew only by its first replicas, and only if no move ever touched it.
         let may_initialize = assigned.contains(&self.node_id)
             && u32::try_from(index).is_ok_and(|i| !record.moved.contains(&i));

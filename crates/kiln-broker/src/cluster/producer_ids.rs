@@ -126,18 +126,22 @@ impl Cluster {
             Command::FinishMove { .. } => self.finish_allowed(&command)?,
             _ => {
                 return Err(
-                    "only producer id blocks, fences, registrations and finished moves may be forwarded"
-                        .into(),
+                    "only producer id blocks, fences and finished moves may be forwarded".into(),
                 )
             }
         }
+        self.propose_forwarded(&command).await
+    }
+
+    /// Proposes a forwarded command the caller has checked, if this broker is the controller.
+    pub(super) async fn propose_forwarded(&self, command: &Command) -> Result<Bytes, String> {
         if !self.metadata.is_leader() {
             return Err(format!(
                 "not the controller; the controller is {}",
                 self.controller()
             ));
         }
-        self.propose(&command)
+        self.propose(command)
             .await
             .map(|()| Bytes::new())
             .map_err(|e| e.to_string())

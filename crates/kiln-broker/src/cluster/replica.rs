@@ -87,7 +87,7 @@ impl Replica {
 
     /// Whether this replica is one of its group's voters (not a learner).
     pub fn is_voter(&self) -> bool {
-        node(self.node_id).is_some_and(|me| self.partition.liveness().role().voters.contains(&me))
+        self.partition.liveness().is_voter()
     }
 
     /// Replicas that hold everything committed, as the leader sees it (Kafka's ISR). Followers

@@ -200,15 +200,7 @@ impl Cluster {
             return;
         }
         for (index, slot) in replicas.iter_mut().enumerate() {
-            let group = super::partition_group(record.id, i32::try_from(index).unwrap_or(i32::MAX));
-            let target = moves.get(&group);
-            let assigned = &record.assignments[index];
-            let members = match target {
-                Some(t) if t.contains(&self.node_id) => Some(t),
-                _ if assigned.contains(&self.node_id) => Some(assigned),
-                _ => None,
-            };
-            match (slot.as_ref(), members) {
+            match (slot.as_ref(), self.local_members(record, index, moves)) {
                 (Some(r), Some(members)) => r.set_members(members),
                 (None, Some(_)) => {
                     *slot = self

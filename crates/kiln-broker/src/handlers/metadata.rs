@@ -28,11 +28,13 @@ pub async fn handle(
     listener: Arc<str>,
     request: MetadataRequest,
 ) -> MetadataResponse {
+    let members = cluster.brokers();
+    let ids: Vec<i32> = members.iter().map(|b| b.id).collect();
     let topics = match request.topics {
         None => cluster
             .topics()
             .iter()
-            .map(|t| describe(&cluster, t))
+            .map(|t| describe(&cluster, t, &ids))
             .collect(),
         Some(wanted) => {
             let mut out = Vec::with_capacity(wanted.len());
@@ -46,7 +48,7 @@ pub async fn handle(
                     continue;
                 };
                 if let Some(topic) = cluster.topic(name.as_str()) {
-                    out.push(describe(&cluster, &topic));
+                    out.push(describe(&cluster, &topic, &ids));
                     continue;
                 }
                 let code = if !cluster.is_current() || cluster.topic_committed(name.as_str()) {
@@ -78,7 +80,7 @@ pub async fn handle(
                     Some(ResponseError::UnknownTopicOrPartition)
                 };
                 match (code, cluster.topic(name.as_str())) {
-                    (None, Some(topic)) => out.push(describe(&cluster, &topic)),
+                    (None, Some(topic)) => out.push(describe(&cluster, &topic, &ids)),
                     (code, _) => out.push(
                         MetadataResponseTopic::default()
                             .with_name(Some(name))
@@ -93,8 +95,7 @@ pub async fn handle(
     };
     // Each broker at its address on the listener this request came in on (a broker without
     // one is left out, as Kafka does).
-    let brokers = cluster
-        .brokers()
+    let brokers = members
         .iter()
         .filter_map(|b| {
             let (host, port) = b.endpoint(&listener)?;
@@ -113,8 +114,8 @@ pub async fn handle(
         .with_topics(topics)
 }
 
-fn describe(cluster: &Cluster, topic: &ClusterTopic) -> MetadataResponseTopic {
-    let brokers: Vec<i32> = cluster.brokers().iter().map(|b| b.id).collect();
+/// `topic`'s partitions; `brokers`: the ids of the cluster's brokers.
+fn describe(cluster: &Cluster, topic: &ClusterTopic, brokers: &[i32]) -> MetadataResponseTopic {
     let partitions = topic
         .assignments
         .iter()
