@@ -16,11 +16,19 @@
 //! * `replacements_lose_nothing`: brokers replaced (a disk lost for good, a new broker added
 //!   through learners and a joint configuration) several times per run, under the same
 //!   faults; every invariant holds and the membership changes finish.
+//! * `stale_leaders_serve_nothing_stale`: group leaders cut from their peers while clients
+//!   still reach them, with every replica that would serve a read asked every few ms; no read
+//!   is stale (a high watermark or committed offset below one already acknowledged).
+//! * `checker_catches_reads_that_ignore_the_lease`: the same schedule, reads served by any Raft
+//!   leader whatever its lease: the checker finds a stale read for some seed, and the same
+//!   seed passes with the lease.
 //! * `many_seeds` (ignored): `KILN_SIM_SEEDS=N` seeds from `KILN_SIM_FIRST` (default 0), or one
 //!   seed with `KILN_SIM_SEED=n` (prints its trace). `scripts/sim-replication` drives it.
 //!   `KILN_SIM_AIMED_PERCENT=p` sets the share of crashes aimed at a write in flight (0: every
 //!   crash at a random moment), for comparing fault mixes; `KILN_SIM_REPLACE_WEIGHT=w` the
-//!   weight of broker replacements (3 by default; the replacement test uses 30).
+//!   weight of broker replacements (3 by default; the replacement test uses 30);
+//!   `KILN_SIM_STALE_WEIGHT=w` the weight of stale leaders (0 by default, the lease reader then
+//!   off; the stale-leader test uses 40).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use kiln_raft::sim::SyncBehaviour;
@@ -37,7 +45,7 @@ fn simulate(opts: SimOptions) -> SimReport {
 
 fn describe(r: &SimReport) -> String {
     format!(
-        "seed {}: {} acked ({} idempotent), {} failed, {} retentions, {} handovers, {}/{} replacements finished, {} crashes ({} aimed, {} lost unsynced bytes, {} bytes dropped), {} power losses, {} partitions, {} log rots ({} aimed, {} hit committed entries), {} vote rots ({} lost the latest save), {}/{} repairs finished, {} leaders, hw {}, {} reads checked; offsets: {} commits acked, {} failed, {} rebuilds observed, {} leaders, hw {}; trace {:016x}",
+        "seed {}: {} acked ({} idempotent), {} failed, {} retentions, {} handovers, {}/{} replacements finished, {} stale leaders ({} lease reads), {} crashes ({} aimed, {} lost unsynced bytes, {} bytes dropped), {} power losses, {} partitions, {} log rots ({} aimed, {} hit committed entries), {} vote rots ({} lost the latest save), {}/{} repairs finished, {} leaders, hw {}, {} reads checked; offsets: {} commits acked, {} failed, {} rebuilds observed, {} leaders, hw {}; trace {:016x}",
         r.seed,
         r.acknowledged,
         r.idempotent_acknowledged,
@@ -46,6 +54,8 @@ fn describe(r: &SimReport) -> String {
         r.handovers,
         r.replacements_finished,
         r.replacements,
+        r.stale_leaders,
+        r.lease_reads_checked,
         r.crashes,
         r.aimed_crashes,
         r.crashes_losing_unsynced,
@@ -92,6 +102,8 @@ struct Totals {
     handovers: usize,
     replacements: usize,
     replacements_finished: usize,
+    stale_leaders: usize,
+    lease_reads: usize,
 }
 
 impl Totals {
@@ -114,6 +126,8 @@ impl Totals {
         self.handovers += r.handovers;
         self.replacements += r.replacements;
         self.replacements_finished += r.replacements_finished;
+        self.stale_leaders += r.stale_leaders;
+        self.lease_reads += r.lease_reads_checked;
     }
 
     /// Share of crashes that dropped written but unsynced bytes.
@@ -123,7 +137,7 @@ impl Totals {
 
     fn describe(&self) -> String {
         format!(
-            "{} seeds: {} crashes, {} power losses, {} aimed at a write in flight, {} crashes that lost unsynced bytes ({:.1}%), {} unsynced bytes dropped; bit rot: {} in synced log bytes ({} aimed, {} destroyed committed entries), {} in vote files ({} lost the latest save), {} repairs started, {} finished; offsets group: {} commits acknowledged, {} rebuilds observed; {} handovers; {}/{} replacements finished",
+            "{} seeds: {} crashes, {} power losses, {} aimed at a write in flight, {} crashes that lost unsynced bytes ({:.1}%), {} unsynced bytes dropped; bit rot: {} in synced log bytes ({} aimed, {} destroyed committed entries), {} in vote files ({} lost the latest save), {} repairs started, {} finished; offsets group: {} commits acknowledged, {} rebuilds observed; {} handovers; {}/{} replacements finished; {} stale leaders, {} lease reads checked",
             self.seeds,
             self.crashes,
             self.power_losses,
@@ -142,7 +156,9 @@ impl Totals {
             self.rebuilds,
             self.handovers,
             self.replacements_finished,
-            self.replacements
+            self.replacements,
+            self.stale_leaders,
+            self.lease_reads
         )
     }
 }
@@ -218,6 +234,66 @@ fn replacements_lose_nothing() {
         totals.replacements_finished,
         totals.replacements
     );
+}
+
+/// Seeds of the stale-leader test, and the weight of its fault there.
+const STALE_SEEDS: std::ops::Range<u64> = 200..212;
+const STALE_WEIGHT: u32 = 40;
+
+#[test]
+fn stale_leaders_serve_nothing_stale() {
+    let mut totals = Totals::default();
+    for seed in STALE_SEEDS {
+        let r = simulate(SimOptions {
+            stale_leader_weight: STALE_WEIGHT,
+            ..SimOptions::new(seed)
+        });
+        println!("{}", describe(&r));
+        if !r.passed() {
+            fail_with_trace(&r);
+        }
+        assert!(r.acknowledged > 0, "seed {seed} acknowledged nothing");
+        totals.add(&r);
+    }
+    println!("{}", totals.describe());
+    assert!(
+        totals.stale_leaders >= 2 * STALE_SEEDS.count(),
+        "too few stale leaders: {}",
+        totals.describe()
+    );
+    assert!(
+        totals.lease_reads > 100 * STALE_SEEDS.count(),
+        "too few lease reads: {}",
+        totals.describe()
+    );
+}
+
+#[test]
+fn checker_catches_reads_that_ignore_the_lease() {
+    let options = |seed, ignore| SimOptions {
+        stale_leader_weight: STALE_WEIGHT,
+        reads_ignore_lease: ignore,
+        ..SimOptions::new(seed)
+    };
+    let mut caught = None;
+    for seed in STALE_SEEDS {
+        let r = simulate(options(seed, true));
+        if r.violations.iter().any(|v| v.starts_with("STALE READ")) {
+            caught = Some(r);
+            break;
+        }
+    }
+    let r = caught.expect("no stale-leader seed caught a read that ignored the lease");
+    let first = r
+        .violations
+        .iter()
+        .find(|v| v.starts_with("STALE READ"))
+        .unwrap();
+    println!("{}: {first}", describe(&r));
+    let leased = simulate(options(r.seed, false));
+    if !leased.passed() {
+        fail_with_trace(&leased);
+    }
 }
 
 #[test]
@@ -401,6 +477,9 @@ fn many_seeds() {
         }
         if let Ok(w) = std::env::var("KILN_SIM_REPLACE_WEIGHT") {
             opts.replace_weight = w.parse().expect("KILN_SIM_REPLACE_WEIGHT must be a number");
+        }
+        if let Ok(w) = std::env::var("KILN_SIM_STALE_WEIGHT") {
+            opts.stale_leader_weight = w.parse().expect("KILN_SIM_STALE_WEIGHT must be a number");
         }
         opts
     };

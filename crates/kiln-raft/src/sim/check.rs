@@ -67,6 +67,7 @@ pub(super) fn check(
     check_tables(&s.off, off_leader, &world.up_in(OFFSETS), &mut v);
     report.offsets_high_watermark = off.high_watermark;
     check_offsets(&s.off, &mut v);
+    report.lease_reads_checked = super::stale::check_lease_reads(&s, world.start, &mut v);
     report.acknowledged = s.acks.len();
     report.failed_appends = s.failed;
     report.leaders = s.leaders[DATA].len();

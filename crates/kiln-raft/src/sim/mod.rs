@@ -87,6 +87,7 @@ mod check;
 mod net;
 mod offsets;
 mod rot;
+mod stale;
 
 pub use batch::{build_batch, build_idempotent_batch};
 pub use net::{SimLink, SimNetworkFactory, SimRouter};
@@ -188,6 +189,14 @@ pub struct SimOptions {
     /// Weight of broker replacements (a disk lost for good, a new broker in its place) among
     /// the faults.
     pub replace_weight: u32,
+    /// Weight of the stale-leader fault (a group's leader cut from its peers while clients
+    /// still reach it, `stale.rs`). Above 0 the lease reader runs too, asking every replica
+    /// that would serve a read, and the checker asserts that none served a stale one.
+    pub stale_leader_weight: u32,
+    /// Whether the lease reader serves from any replica that is Raft leader, its lease held or
+    /// not, as a broker without leases would. On only to show the checker catches it.
+    #[doc(hidden)]
+    pub reads_ignore_lease: bool,
     /// Whether replicas enforce the repair guard. Off only to show what it prevents.
     #[doc(hidden)]
     pub repair_guard: bool,
@@ -214,6 +223,8 @@ impl SimOptions {
             aimed_rot_weight: 8,
             handover_weight: 10,
             replace_weight: 3,
+            stale_leader_weight: 0,
+            reads_ignore_lease: false,
             repair_guard: true,
             rebuild_past_high_watermark: false,
             retention_percent: 4,
@@ -273,6 +284,9 @@ pub struct SimReport {
     /// change finished in both groups.
     pub replacements: usize,
     pub replacements_finished: usize,
+    /// Stale-leader faults (a group's leader isolated), and the lease reads checked.
+    pub stale_leaders: usize,
+    pub lease_reads_checked: usize,
     pub failed_commits: usize,
     pub rebuilds: usize,
     pub offsets_leaders: usize,
@@ -344,6 +358,8 @@ struct Shared {
     reads: Vec<(NodeId, ReadBatch)>,
     /// The offsets group's commits and rebuilds.
     off: offsets::OffsetsShared,
+    /// What every replica that would serve a read on its lease answered (`stale.rs`).
+    lease_reads: Vec<stale::LeaseRead>,
     /// Batches of the idempotent producer the leader refused (a well-behaved producer that
     /// only retries what it sent must never see OUT_OF_ORDER or a fenced epoch).
     idempotent_refusals: Vec<String>,
@@ -871,6 +887,31 @@ impl World {
         }
     }
 
+    /// The stale-leader fault: one group's leader (drawn) loses every link to its peers, while
+    /// the lease reader, like a client, still reaches it (`stale.rs`).
+    fn isolate_leader(&mut self) {
+        let group = if self.rng.random_range(0..2) == 0 {
+            DATA
+        } else {
+            OFFSETS
+        };
+        let Some(leader) = leader_of(&self.up_in(group)) else {
+            self.log("stale leader: no leader to isolate".to_string());
+            return;
+        };
+        let id = leader.id();
+        let term = leader.leader_epoch().unwrap_or(0);
+        let members = self.members();
+        let mut net = self.router.lock();
+        for other in members.iter().filter(|&&o| o != id) {
+            net.cut.insert(link(id, *other));
+        }
+        drop(net);
+        self.report.partitions += 1;
+        self.report.stale_leaders += 1;
+        stale::log_isolated(&self.shared, self.start, group, id, term);
+    }
+
     fn power_loss(&mut self, why: &str) {
         self.log(format!("power loss of every replica ({why})"));
         self.report.power_losses += 1;
@@ -1338,6 +1379,16 @@ pub async fn run(opts: SimOptions) -> SimReport {
             seed,
         )));
     }
+    if opts.stale_leader_weight > 0 {
+        // Its own seed, not one drawn from the schedule's: runs without it keep their schedules.
+        offsets_tasks.push(tokio::spawn(stale::lease_reader(
+            world.router.clone(),
+            Arc::clone(&world.shared),
+            until,
+            opts.seed ^ 0x57A1E,
+            opts.reads_ignore_lease,
+        )));
+    }
     let seed = world.rng.random();
     offsets_tasks.push(tokio::spawn(offsets::coordinator(
         world.router.clone(),
@@ -1474,7 +1525,11 @@ pub async fn run(opts: SimOptions) -> SimReport {
         if now >= next_fault {
             next_fault = now + world.rng.random_range(FAULT_GAP_MS);
             let roll = world.rng.random_range(
-                0..100 + opts.aimed_rot_weight + opts.handover_weight + opts.replace_weight,
+                0..100
+                    + opts.aimed_rot_weight
+                    + opts.handover_weight
+                    + opts.replace_weight
+                    + opts.stale_leader_weight,
             );
             let members = world.members();
             let up: Vec<NodeId> = world.up().iter().map(|r| r.id()).collect();
@@ -1533,6 +1588,11 @@ pub async fn run(opts: SimOptions) -> SimReport {
                 80..=94 => {
                     world.router.lock().cut.clear();
                     world.log("network healed".to_string());
+                }
+                r if r
+                    >= 100 + opts.aimed_rot_weight + opts.handover_weight + opts.replace_weight =>
+                {
+                    world.isolate_leader()
                 }
                 r if r >= 100 + opts.aimed_rot_weight + opts.handover_weight => {
                     world.replace().await
