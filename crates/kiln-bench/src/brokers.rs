@@ -23,6 +23,10 @@ use rdkafka::error::RDKafkaErrorCode;
 const HEARTBEAT_MS: u64 = 100;
 const ELECTION_TIMEOUT_MIN_MS: u64 = 300;
 const ELECTION_TIMEOUT_MAX_MS: u64 = 600;
+/// Longest a metrics scrape may take, connection included.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest metrics page read.
+const SCRAPE_BYTES_MAX: u64 = 16 << 20;
 /// Bytes of a broker's log shown when it fails.
 const LOG_TAIL_BYTES: u64 = 4096;
 
@@ -30,6 +34,8 @@ pub(crate) struct BrokerProcess {
     pub(crate) id: i32,
     pub(crate) kafka: String,
     pub(crate) data_dir: PathBuf,
+    /// The metrics endpoint (`host:port`) of a cluster node; a standalone broker has none.
+    pub(crate) metrics: Option<String>,
     child: Child,
     kiln: PathBuf,
     config_path: PathBuf,
@@ -57,29 +63,32 @@ impl Brokers {
         extra: &str,
     ) -> anyhow::Result<Brokers> {
         std::fs::create_dir_all(root)?;
-        let ports = free_ports(2 * size as usize)?;
-        let peers: Vec<(i32, u16, u16)> = (0..size)
+        let ports = free_ports(3 * size as usize)?;
+        let peers: Vec<(i32, u16, u16, u16)> = (0..size)
             .map(|i| {
-                let at = 2 * i as usize;
-                (i + 1, ports[at], ports[at + 1])
+                let at = 3 * i as usize;
+                (i + 1, ports[at], ports[at + 1], ports[at + 2])
             })
             .collect();
         let mut brokers = Brokers { procs: Vec::new() };
-        for &(id, kafka, raft) in &peers {
+        for &(id, kafka, raft, metrics) in &peers {
             let data_dir = root.join(format!("b{id}"));
-            let mut config = node_config(id, kafka, &data_dir, extra);
+            let mut config = node_config(id, kafka, &data_dir, Some(metrics), extra);
             config.push_str(&format!(
                 "\n[cluster]\nraft_listen = \"127.0.0.1:{raft}\"\ndefault_replication_factor = 3\n\
                  heartbeat_ms = {HEARTBEAT_MS}\nelection_timeout_min_ms = {ELECTION_TIMEOUT_MIN_MS}\n\
                  election_timeout_max_ms = {ELECTION_TIMEOUT_MAX_MS}\n"
             ));
-            for &(peer, peer_kafka, peer_raft) in &peers {
+            for &(peer, peer_kafka, peer_raft, _) in &peers {
                 config.push_str(&format!(
                     "\n[[cluster.peers]]\nid = {peer}\nkafka = \"127.0.0.1:{peer_kafka}\"\n\
                      raft = \"127.0.0.1:{peer_raft}\"\n"
                 ));
             }
             brokers.spawn(kiln, root, id, kafka, &data_dir, &config)?;
+            if let Some(last) = brokers.procs.last_mut() {
+                last.metrics = Some(format!("127.0.0.1:{metrics}"));
+            }
         }
         Ok(brokers)
     }
@@ -89,7 +98,7 @@ impl Brokers {
         let ports = free_ports(1)?;
         let mut brokers = Brokers { procs: Vec::new() };
         let data_dir = root.join("b1");
-        let config = node_config(1, ports[0], &data_dir, extra);
+        let config = node_config(1, ports[0], &data_dir, None, extra);
         brokers.spawn(kiln, root, 1, ports[0], &data_dir, &config)?;
         Ok(brokers)
     }
@@ -112,6 +121,7 @@ impl Brokers {
             id,
             kafka: format!("127.0.0.1:{kafka_port}"),
             data_dir: data_dir.to_path_buf(),
+            metrics: None,
             child,
             kiln: kiln.to_path_buf(),
             config_path,
@@ -236,6 +246,38 @@ impl Brokers {
             .sum()
     }
 
+    /// The sum of every sample of metric `family` on broker `id`'s metrics endpoint (one
+    /// `GET /metrics`, answered within [`SCRAPE_TIMEOUT`]).
+    pub(crate) fn scrape(&self, id: i32, family: &str) -> anyhow::Result<f64> {
+        let at = self.index_of(id)?;
+        let addr = self.procs[at]
+            .metrics
+            .as_deref()
+            .with_context(|| format!("broker {id} serves no metrics"))?;
+        let text = http_get(addr, "/metrics")?;
+        let mut sum = 0.0;
+        let mut seen = false;
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix(family) else {
+                continue;
+            };
+            if !(rest.starts_with(' ') || rest.starts_with('{')) {
+                continue;
+            }
+            let value = rest
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+                .with_context(|| format!("broker {id}: unreadable sample {line:?}"))?;
+            sum += value;
+            seen = true;
+        }
+        if !seen {
+            bail!("broker {id} reports no {family}");
+        }
+        Ok(sum)
+    }
+
     pub(crate) fn kill_all(&mut self) {
         for p in &mut self.procs {
             let _ = p.child.kill();
@@ -311,11 +353,18 @@ fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
         .collect()
 }
 
-/// The settings every broker gets: id, Kafka listener, data dir, no metrics endpoint, and
-/// `extra`.
-fn node_config(id: i32, kafka_port: u16, data_dir: &Path, extra: &str) -> String {
+/// The settings every broker gets: id, Kafka listener, data dir, the metrics endpoint (off
+/// without a port), and `extra`.
+fn node_config(
+    id: i32,
+    kafka_port: u16,
+    data_dir: &Path,
+    metrics_port: Option<u16>,
+    extra: &str,
+) -> String {
+    let metrics = metrics_port.map_or_else(|| "off".to_string(), |p| format!("127.0.0.1:{p}"));
     format!(
-        "node_id = {id}\nlisten = \"127.0.0.1:{kafka_port}\"\ndata_dir = {}\nmetrics_listen = \"off\"\n{extra}",
+        "node_id = {id}\nlisten = \"127.0.0.1:{kafka_port}\"\ndata_dir = {}\nmetrics_listen = \"{metrics}\"\n{extra}",
         toml_string(&data_dir.to_string_lossy())
     )
 }
@@ -333,6 +382,30 @@ fn toml_string(s: &str) -> String {
     }
     out.push('"');
     out
+}
+
+/// `GET path` over HTTP/1.0 (the server closes the connection after its answer); the body.
+fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
+    use std::io::Write;
+    let socket: std::net::SocketAddr = addr.parse().with_context(|| format!("address {addr}"))?;
+    let mut stream = TcpStream::connect_timeout(&socket, SCRAPE_TIMEOUT)
+        .with_context(|| format!("connecting to {addr}"))?;
+    stream.set_read_timeout(Some(SCRAPE_TIMEOUT))?;
+    stream.set_write_timeout(Some(SCRAPE_TIMEOUT))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut bytes = Vec::new();
+    stream
+        .take(SCRAPE_BYTES_MAX)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("reading {path} from {addr}"))?;
+    let text = String::from_utf8_lossy(&bytes);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        bail!("{addr}{path}: no HTTP answer");
+    };
+    if !head.starts_with("HTTP/1.") || head.split(' ').nth(1) != Some("200") {
+        bail!("{addr}{path}: {}", head.lines().next().unwrap_or(""));
+    }
+    Ok(body.to_string())
 }
 
 pub(crate) fn log_tail(path: &Path) -> String {

@@ -11,8 +11,8 @@
 //! is killed at the end, on error too.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -240,6 +240,61 @@ pub(crate) fn drive(
     Ok(i)
 }
 
+/// A producer writing in the background: records of `load.record_bytes` round-robin over a
+/// topic's partitions from a thread of its own, paced to `rate` records/s (unpaced without
+/// one), until stopped.
+pub(crate) struct Live {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<anyhow::Result<u64>>,
+    producer: Arc<BaseProducer<BenchContext>>,
+}
+
+impl Live {
+    pub(crate) fn start(
+        bootstrap: &str,
+        topic: &str,
+        load: LoadArgs,
+        rate: Option<u64>,
+    ) -> anyhow::Result<Live> {
+        let producer = Arc::new(producer(bootstrap, &load)?);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (p, s, topic) = (producer.clone(), stop.clone(), topic.to_string());
+        let thread = std::thread::spawn(move || {
+            let started = Instant::now();
+            drive(&p, &topic, &load, "live", &mut |i, _| {
+                if let Some(rate) = rate {
+                    while !s.load(Ordering::Relaxed)
+                        && i as f64 > started.elapsed().as_secs_f64() * rate as f64
+                    {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+                s.load(Ordering::Relaxed)
+            })
+        });
+        Ok(Live {
+            stop,
+            thread,
+            producer,
+        })
+    }
+
+    /// Records acknowledged so far.
+    pub(crate) fn acknowledged(&self) -> u64 {
+        self.producer.context().ok.load(Ordering::Relaxed)
+    }
+
+    /// Stops it and fails unless every record it sent was acknowledged.
+    pub(crate) fn stop(self, brokers: &mut Brokers) -> anyhow::Result<()> {
+        self.stop.store(true, Ordering::Relaxed);
+        let sent = match self.thread.join() {
+            Ok(sent) => sent?,
+            Err(_) => bail!("the live producer's thread panicked"),
+        };
+        finish(&self.producer, brokers, "live", sent)
+    }
+}
+
 /// Flushes and fails unless every one of `sent` records was acknowledged.
 pub(crate) fn finish(
     producer: &BaseProducer<BenchContext>,
@@ -274,7 +329,7 @@ pub(crate) struct BenchContext {
 }
 
 impl BenchContext {
-    fn new() -> anyhow::Result<BenchContext> {
+    pub(crate) fn new() -> anyhow::Result<BenchContext> {
         Ok(BenchContext {
             started: Instant::now(),
             ok: AtomicU64::new(0),

@@ -14,6 +14,9 @@
 //! - `idempotence`: librdkafka's idempotent producer against the same producer with it off.
 //! - `partitions`: thousands of RF 3 partitions on three brokers: time to create, idle CPU,
 //!   memory, threads and descriptors, produce throughput, failover of a third of the leaders.
+//! - `moves`: a partition's replica moved to a new broker under live producers, beside the disk.
+//! - `failover`: leader changes in a loaded minute with nothing failing, then leaders killed one
+//!   after another: each kill to the first write a new leader acknowledges.
 //!
 //! `scripts/bench-produce-vs REV` runs `produce` with this tree's build and an earlier
 //! commit's, alternating, for a ratio measured in one sitting.
@@ -23,6 +26,7 @@
 mod brokers;
 mod cluster;
 mod disk;
+mod failover;
 mod idempotence;
 mod moves;
 mod offsets;
@@ -72,6 +76,9 @@ enum Command {
     /// One partition's log copied to a broker that did not hold it (a replica move), with a
     /// producer writing meanwhile at several rates: MiB/s beside the disk's bandwidth.
     Moves(moves::MovesArgs),
+    /// Three brokers (RF 3): leader changes while merely loaded, then partition leaders killed
+    /// with SIGKILL one after another, each kill to the first write acknowledged by a new one.
+    Failover(failover::FailoverArgs),
     /// `produce` over plain TCP and over mutual TLS, alternated: the throughput ratio.
     Tls(produce::ProduceArgs),
     /// New connections with and without a SCRAM login: what the login costs.
@@ -118,6 +125,7 @@ fn main() -> anyhow::Result<()> {
         Command::Idempotence(args) => idempotence::run(&cli.dir, &args, &runtime)?,
         Command::Partitions(args) => partitions::run(&cli.dir, &args, &runtime)?,
         Command::Moves(args) => moves::run(&cli.dir, &args, &runtime)?,
+        Command::Failover(args) => failover::run(&cli.dir, &args, &runtime)?,
         Command::Tls(args) => runtime.block_on(produce::compare_tls(&cli.dir, &args))?,
         Command::Sasl(args) => runtime.block_on(sasl::run(&cli.dir, &args))?,
         Command::RecoveryFill(args) => recovery::fill(&args)?,

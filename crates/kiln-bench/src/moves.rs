@@ -16,8 +16,6 @@
 //! `--move-timeout-s` or the live producer loses a record.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -32,10 +30,9 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 use kiln_client::Connection;
-use rdkafka::producer::Producer;
 
 use crate::brokers::{self, Brokers, TopicSpec};
-use crate::cluster::{self, LoadArgs};
+use crate::cluster::{self, Live, LoadArgs};
 use crate::disk::{self, DiskArgs};
 
 const BULK: &str = "bulk";
@@ -148,7 +145,7 @@ fn measure(
         .collect::<anyhow::Result<_>>()?;
     let mut out = Vec::new();
     for &rate in rates {
-        let live = Live::start(&bootstrap, rate)?;
+        let live = Live::start(&bootstrap, LIVE, live_load(), rate)?;
         std::thread::sleep(Duration::from_secs(2));
         let before = live.acknowledged();
         let (replicas, size) = runtime.block_on(bulk_replicas(&addrs))?;
@@ -210,55 +207,6 @@ fn live_load() -> LoadArgs {
         in_flight: 10_000,
         ready_timeout_s: 60,
         idempotence: true,
-    }
-}
-
-/// The live producer: 1 KiB records over the live topic's partitions from a thread, paced to
-/// `rate` records/s (unpaced without one).
-struct Live {
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<anyhow::Result<u64>>,
-    producer: Arc<rdkafka::producer::BaseProducer<cluster::BenchContext>>,
-}
-
-impl Live {
-    fn start(bootstrap: &str, rate: Option<u64>) -> anyhow::Result<Live> {
-        let load = live_load();
-        let producer = Arc::new(cluster::producer(bootstrap, &load)?);
-        let stop = Arc::new(AtomicBool::new(false));
-        let (p, s) = (producer.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            let started = Instant::now();
-            cluster::drive(&p, LIVE, &load, "live", &mut |i, _| {
-                if let Some(rate) = rate {
-                    while !s.load(Ordering::Relaxed)
-                        && i as f64 > started.elapsed().as_secs_f64() * rate as f64
-                    {
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                }
-                s.load(Ordering::Relaxed)
-            })
-        });
-        Ok(Live {
-            stop,
-            thread,
-            producer,
-        })
-    }
-
-    fn acknowledged(&self) -> u64 {
-        self.producer.context().ok.load(Ordering::Relaxed)
-    }
-
-    /// Stops it and fails unless every record it sent was acknowledged.
-    fn stop(self, brokers: &mut Brokers) -> anyhow::Result<()> {
-        self.stop.store(true, Ordering::Relaxed);
-        let sent = match self.thread.join() {
-            Ok(sent) => sent?,
-            Err(_) => bail!("the live producer's thread panicked"),
-        };
-        cluster::finish(&self.producer, brokers, "live", sent)
     }
 }
 

@@ -302,8 +302,10 @@ pub struct ClusterSettings {
     /// Shorter means a dead leader is noticed sooner and more traffic while idle.
     pub heartbeat_ms: u64,
     /// A follower that hears nothing from its leader for `election_timeout_max_ms` (openraft's
-    /// leader lease) plus a random time in this range starts an election: with the defaults a
-    /// dead leader is replaced 0.9-1.2 s after it stopped answering. Keep the lower bound
+    /// leader lease) and 1.5 heartbeats starts an election after its own slice of this range
+    /// (one slice per follower, in an order the group agrees on): with the defaults a dead
+    /// leader's first follower stands 0.75-0.9 s after it stopped answering. A candidate whose
+    /// try failed stands again after a time in this range or more. Keep the lower bound
     /// several heartbeats long. A leader serves clients only while a quorum acknowledged it
     /// within `election_timeout_max_ms` less 1.5 heartbeats (its lease), so the upper bound
     /// must be at least 2.5 heartbeats. openraft gives every AppendEntries just under

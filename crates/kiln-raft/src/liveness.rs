@@ -32,13 +32,18 @@
 //! last heard from a leader or candidate (or last stood), plus `vote_lease` when its vote is
 //! committed (it followed an elected leader), plus twice `election_max` when a voter told it
 //! of a longer log than its own at its last try and it has heard from no leader or candidate
-//! since (let the replica with the longest log stand first: only it can win). The draw is taken again after every try. Candidates (and
-//! followers of no elected leader) take turns a range apart, in an order of the group and term
-//! every voter derives alike (the preferred replica first in a group that never had a leader), so that after a split vote one asks before the others stand. When an elected leader goes quiet, its followers'
-//! timeouts fall in slices of the range, one per follower, in an order every replica of the
-//! group derives alike from the group's name (`stagger`) and the leader's term: a dead broker's
-//! thousand groups then elect with hardly a split vote, and their new leaders spread over the
-//! survivors.
+//! since (let the replica with the longest log stand first: only it can win). The draw is
+//! taken again after every try. Candidates (and followers of no elected leader) take turns a
+//! range apart, in an order of the group and term every voter derives alike (the preferred
+//! replica first in a group that never had a leader), so that after a split vote one asks
+//! before the others stand. When an elected leader goes quiet, its followers stand once
+//! their vote lease and a beat round (1.5 heartbeats) have passed since they last heard it:
+//! by then every follower's vote lease has passed, since they heard the leader last at most
+//! a round apart. Their times fall in slices of the range after that, one per follower, in an
+//! order every replica of the group derives alike from the group's name (`stagger`) and the
+//! leader's term: a dead broker's thousand groups then elect with hardly a split vote, and
+//! their new leaders spread over the survivors. With the defaults a dead leader's first
+//! follower stands 750-900 ms after it last heard it.
 //!
 //! **Handing over** ([`Liveness::hand_over`]). A leader hands its group to another voter (the
 //! preferred replica, when leadership is rebalanced) without an election timeout's worth of
@@ -620,7 +625,7 @@ fn election_at(
     }
     let quiet_since = quiet_since(s);
     let range = timings.election_max - timings.election_min;
-    let mut wait = timings.election_min;
+    let mut wait;
     match (s.role.committed, s.heard) {
         // Its leader went quiet: every follower's timeout falls in its own slice of the range,
         // in an order the group's replicas agree on, so they seldom stand together and split
@@ -641,10 +646,16 @@ fn election_at(
             let n = u32::try_from(followers.len().max(1)).unwrap_or(u32::MAX);
             let rank = followers.iter().position(|&v| v == id).unwrap_or(0);
             let slice = range / n;
+            // Its own vote lease must have passed (it promised the leader to vote for no one
+            // before), and so must the other followers': they heard the leader last at most a
+            // beat round later than this one (a round is 1.5 heartbeats, the margin), so a
+            // candidate standing then is not refused for their leases. The slices follow.
+            wait = timings.vote_lease() + timings.margin();
             wait += slice * u32::try_from(rank).unwrap_or(0) + slice.mul_f64(s.draw);
-            wait += timings.vote_lease();
         }
-        (true, None) => wait += range.mul_f64(s.draw) + timings.vote_lease(),
+        (true, None) => {
+            wait = timings.election_min + range.mul_f64(s.draw) + timings.vote_lease();
+        }
         // Standing again after a split vote (or with no elected leader known): the voters
         // take turns, a whole range apart, in an order of the group and term they agree on, so
         // that one candidate's request reaches the others before they stand themselves.
@@ -660,7 +671,9 @@ fn election_at(
             voters.sort_by_key(|&v| (Some(v) != first, mix(order ^ v)));
             let rank = voters.iter().position(|&v| v == id).unwrap_or(0);
             // Half the range drawn: turns are at least half a range apart.
-            wait += range * u32::try_from(rank).unwrap_or(0) + range.mul_f64(s.draw) / 2;
+            wait = timings.election_min
+                + range * u32::try_from(rank).unwrap_or(0)
+                + range.mul_f64(s.draw) / 2;
         }
     }
     if s.greater_log {
@@ -915,10 +928,11 @@ mod tests {
                 })
                 .collect();
             let (early, late) = (at[0].0.min(at[1].0), at[0].0.max(at[1].0));
-            assert!(early >= t0 + Duration::from_millis(900), "{:?}", early - t0);
-            assert!(early < t0 + Duration::from_millis(1050), "{:?}", early - t0);
-            assert!(late >= t0 + Duration::from_millis(1050), "{:?}", late - t0);
-            assert!(late < t0 + Duration::from_millis(1200), "{:?}", late - t0);
+            // The vote lease (600 ms) and a beat round (150 ms), then a slice of 150 ms each.
+            assert!(early >= t0 + Duration::from_millis(750), "{:?}", early - t0);
+            assert!(early < t0 + Duration::from_millis(900), "{:?}", early - t0);
+            assert!(late >= t0 + Duration::from_millis(900), "{:?}", late - t0);
+            assert!(late < t0 + Duration::from_millis(1050), "{:?}", late - t0);
             *first.entry(at.iter().min().map(|a| a.1)).or_insert(0) += 1;
         }
         assert_eq!(

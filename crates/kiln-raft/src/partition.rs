@@ -611,12 +611,22 @@ impl ReplicatedPartition {
     /// Hands a leader's AppendEntries (which arrived at `arrived`) to openraft and notes that
     /// the leader was heard unless it was refused for a higher vote. Every transport serves
     /// appends through here.
+    ///
+    /// A replica that already follows the sender in its term is heard on arrival, before
+    /// openraft answers: under a saturating producer the answer waits behind the follower's
+    /// own fsyncs, and a leader heard only once that write is done would look silent for as
+    /// long as the disk is slow, which costs it votes it should keep.
     pub async fn serve_append(
         &self,
         rpc: AppendEntriesRequest<KilnRaft>,
         arrived: Instant,
     ) -> Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>> {
         let (term, leader) = (rpc.vote.leader_id.term, rpc.vote.leader_id.voted_for);
+        if let Some(leader) = leader {
+            if self.follows(term, leader) {
+                self.liveness.heard(term, leader, arrived);
+            }
+        }
         let answer = self.raft.append_entries(rpc).await?;
         if let (false, Some(leader)) = (
             matches!(answer, AppendEntriesResponse::HigherVote(_)),
@@ -665,10 +675,7 @@ impl ReplicatedPartition {
     pub fn serve_beat(&self, from: NodeId, item: &BeatItem, arrived: Instant) -> BeatAnswer {
         let m = self.raft.metrics();
         let m = m.borrow();
-        let accepted = m.state == ServerState::Follower
-            && m.vote.committed
-            && m.vote.leader_id.term == item.term
-            && m.vote.leader_id.voted_for == Some(from);
+        let accepted = follows(&m, item.term, from);
         if !accepted {
             return BeatAnswer::default();
         }
@@ -680,6 +687,11 @@ impl ReplicatedPartition {
             accepted,
             caught_up,
         }
+    }
+
+    /// Whether this replica follows `leader` in `term` with its vote committed.
+    fn follows(&self, term: u64, leader: NodeId) -> bool {
+        follows(&self.raft.metrics().borrow(), term, leader)
     }
 
     /// What the pulse should do about this replica at `now`, once per round (`pulse.rs`);
@@ -922,4 +934,13 @@ fn role_of(m: &openraft::metrics::RaftServerMetrics<NodeId, openraft::EmptyNode>
             }
         },
     }
+}
+
+/// Whether the replica whose metrics are `m` follows `leader` in `term` with its vote
+/// committed: only then is a message from `leader` proof that the leader is alive.
+fn follows(m: &Metrics, term: u64, leader: NodeId) -> bool {
+    m.state == ServerState::Follower
+        && m.vote.committed
+        && m.vote.leader_id.term == term
+        && m.vote.leader_id.voted_for == Some(leader)
 }
