@@ -11,6 +11,10 @@ test_replace_a_dead_broker_with_a_new_one
     - broker 4 starts on an empty directory with `[cluster] join = true` (brokers 1-3 as
       seeds) and is listed by every running broker; holding no replica yet, it names each
       partition's preferred replica and the group coordinator;
+    - a move of a bulk partition to broker 4, frozen with SIGSTOP so it cannot catch up, is
+      cancelled (`kiln cluster reassign --cancel --wait`): the partition goes back to the
+      replicas it had and broker 4, resumed, holds nothing of it; a cancel with no move under
+      way, and a second move of a partition being moved, are refused;
     - a move to a broker that is not a member, and one naming a broker twice, are refused
       with a clear error;
     - `kiln cluster decommission 3 --wait` moves every replica broker 3 held, the metadata
@@ -46,6 +50,7 @@ BULK_RECORDS = 384  # 24 MiB
 JOIN_TIMEOUT_S = 60.0
 DECOMMISSION_WAIT_S = 300
 FLUSH_TIMEOUT_S = 90.0
+CANCEL_WAIT_S = 60
 
 
 @pytest.fixture
@@ -86,6 +91,38 @@ def replicas_everywhere(cluster, topic: str, partitions: int) -> dict[int, set[t
     return out
 
 
+def cancel_a_move_to_a_stuck_broker(cluster, anyone: str) -> None:
+    """Broker 4 frozen (SIGSTOP), a move of bulk/0 to it cannot end; cancelled, the partition
+    goes back to the replicas it had, and broker 4, resumed, keeps nothing of it."""
+    before = replicas_everywhere(cluster, BULK, BULK_PARTITIONS)[0]
+    fast = ("--timeout-s", "2", "--bootstrap", anyone)
+    none = kiln("cluster", "reassign", "--topic", BULK, "--partition", "0", "--cancel", *fast,
+                check=False)
+    assert none.returncode != 0 and "is not being moved" in none.stderr, none
+    cluster.sigstop(4)
+    try:
+        kiln("cluster", "reassign", "--topic", BULK, "--partition", "0", "--replicas", "1,2,4",
+             *fast)
+        status = kiln("cluster", "status", *fast)
+        assert "1 move(s) under way" in status.stdout, status.stdout
+        both = kiln("cluster", "reassign", "--topic", BULK, "--partition", "0", "--replicas",
+                    "1,2", *fast, check=False)
+        assert both.returncode != 0 and "already being moved" in both.stderr, both
+        out = kiln("cluster", "reassign", "--topic", BULK, "--partition", "0", "--cancel",
+                   "--wait", "--wait-s", str(CANCEL_WAIT_S), *fast, timeout_s=CANCEL_WAIT_S + 30)
+        assert "move cancelled" in out.stdout and "done in" in out.stdout, out.stdout
+    finally:
+        cluster.sigcont(4)
+    assert replicas_everywhere(cluster, BULK, BULK_PARTITIONS)[0] == before
+    deadline = time.monotonic() + CANCEL_WAIT_S
+    held = cluster.nodes[4].data_dir / "replicas"
+    # It keeps only its learner replicas of the metadata and offsets logs.
+    while files := [str(f) for f in held.rglob("*")
+                    if f.is_file() and not f.relative_to(held).parts[0].startswith("__")]:
+        assert time.monotonic() < deadline, f"broker 4 still holds {files}\n{cluster.log_tail()}"
+        time.sleep(0.5)
+
+
 def test_replace_a_dead_broker_with_a_new_one(cluster, request):
     cluster.create_topic(TOPIC, PARTITIONS)
     cluster.create_topic(BULK, BULK_PARTITIONS)
@@ -122,6 +159,7 @@ def test_replace_a_dead_broker_with_a_new_one(cluster, request):
             time.sleep(0.2)
 
         anyone = cluster.nodes[2].addr
+        cancel_a_move_to_a_stuck_broker(cluster, anyone)
         bad = kiln("cluster", "reassign", "--topic", TOPIC, "--partition", "0", "--replicas", "1,2,9",
                    "--bootstrap", anyone, check=False)
         assert bad.returncode != 0 and "broker 9 cannot take replicas" in bad.stderr, bad

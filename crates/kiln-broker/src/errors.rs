@@ -53,6 +53,7 @@ pub fn cluster_error_code(error: &ClusterError) -> ResponseError {
         ClusterError::Timeout => ResponseError::RequestTimedOut,
         ClusterError::InvalidReplicaAssignment(_) => ResponseError::InvalidReplicaAssignment,
         ClusterError::MoveInProgress(_) => ResponseError::ReassignmentInProgress,
+        ClusterError::NoMoveInProgress(_) => ResponseError::NoReassignmentInProgress,
         ClusterError::UnknownBroker(_) => ResponseError::BrokerIdNotRegistered,
     }
 }

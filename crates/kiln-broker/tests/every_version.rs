@@ -179,7 +179,8 @@ fn request(api: ApiKey, version: i16, topic: &str) -> RequestKind {
                         .with_partitions(vec![0]),
                 ])),
         ),
-        // A cancel (no replica list) is refused per partition; the others answer as they are.
+        // A cancel (no replica list) of a partition not being moved: NO_REASSIGNMENT_IN_PROGRESS
+        // for that partition; the others answer as they are.
         ApiKey::AlterPartitionReassignments => RequestKind::AlterPartitionReassignments(
             AlterPartitionReassignmentsRequest::default()
                 .with_timeout_ms(5000)
@@ -369,7 +370,7 @@ async fn every_supported_version_is_answered() {
                 ResponseKind::AlterPartitionReassignments(r) => {
                     r.error_code == 0
                         && r.responses[0].partitions[0].error_code
-                            == ResponseError::InvalidRequest.code()
+                            == ResponseError::NoReassignmentInProgress.code()
                 }
                 ResponseKind::ListPartitionReassignments(r) => {
                     r.error_code == 0 && r.topics.is_empty()

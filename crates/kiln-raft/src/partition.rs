@@ -238,6 +238,14 @@ pub fn pulsed_config(t: &Timings) -> Config {
     c
 }
 
+/// How far behind its leader's log, in entries, a learner may be and count as holding it
+/// (openraft's `replication_lag_threshold`, read only by a blocking `add_learner`). A replica
+/// move makes the learner a voter once this says it holds the log; openraft's default, 5,000
+/// entries of up to [`ENTRY_BYTES_MAX`] each, called a learner that held nothing caught up
+/// at once. A few entries' slack lets a learner behind a leader that keeps writing count as
+/// caught up without waiting for a moment with nothing in flight.
+pub const LEARNER_LAG_ENTRIES_MAX: u64 = 16;
+
 /// The Raft settings Kiln uses for a group. Snapshots are asked for by the state machine
 /// (retention moved the log start, or a table's log grew), never on openraft's own schedule,
 /// and the log up to a snapshot is purged at once. openraft runs its own timers (a replica
@@ -251,6 +259,7 @@ pub fn raft_config(heartbeat_ms: u64, election_min_ms: u64, election_max_ms: u64
         snapshot_policy: SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: 0,
         max_payload_entries: 64,
+        replication_lag_threshold: LEARNER_LAG_ENTRIES_MAX,
         ..Config::default()
     }
 }

@@ -51,15 +51,24 @@ enum ClusterCommand {
     },
     /// Move one partition's replicas to the given brokers (the first is the preferred
     /// leader). The group keeps a majority throughout; a new broker counts toward nothing
-    /// until it holds the log.
+    /// until it holds the log. With --cancel, call off the partition's move under way: it
+    /// goes back to the replicas it had.
     Reassign {
         #[arg(long)]
         topic: String,
         #[arg(long)]
         partition: i32,
         /// Broker ids, comma-separated: `--replicas 1,2,4`.
-        #[arg(long, value_delimiter = ',', required = true)]
+        #[arg(
+            long,
+            value_delimiter = ',',
+            required_unless_present = "cancel",
+            conflicts_with = "cancel"
+        )]
         replicas: Vec<i32>,
+        /// Call off the move under way instead (its new brokers are removed again).
+        #[arg(long)]
+        cancel: bool,
         /// Wait until the move has ended, printing progress.
         #[arg(long)]
         wait: bool,
@@ -97,11 +106,13 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<bool> {
             topic,
             partition,
             replicas,
+            cancel,
             wait,
             wait_s,
         } => {
             check_wait(wait_s)?;
-            cluster_moves::reassign(&mut conn, timeout, &topic, partition, &replicas).await?;
+            let replicas = (!cancel).then_some(replicas.as_slice());
+            cluster_moves::reassign(&mut conn, timeout, &topic, partition, replicas).await?;
             if wait {
                 cluster_moves::wait(&mut conn, timeout, None, Duration::from_secs(wait_s)).await?;
             }

@@ -26,18 +26,18 @@ const POLL: Duration = Duration::from_secs(1);
 /// Longest `--wait-s`.
 pub const WAIT_S_MAX: u64 = 24 * 3600;
 
-/// Starts moving `topic`/`partition` to `replicas`.
+/// Starts moving `topic`/`partition` to `replicas`, or cancels its move under way (`None`).
 pub async fn reassign(
     conn: &mut Connection,
     timeout: Duration,
     topic: &str,
     partition: i32,
-    replicas: &[i32],
+    replicas: Option<&[i32]>,
 ) -> anyhow::Result<()> {
     if partition < 0 {
         bail!("--partition {partition}: partitions are numbered from 0");
     }
-    if replicas.is_empty() {
+    if replicas.is_some_and(<[i32]>::is_empty) {
         bail!("--replicas needs at least one broker id");
     }
     let request = AlterPartitionReassignmentsRequest::default()
@@ -46,9 +46,9 @@ pub async fn reassign(
             .with_name(topic_name(topic))
             .with_partitions(vec![ReassignablePartition::default()
                 .with_partition_index(partition)
-                .with_replicas(Some(
-                    replicas.iter().map(|b| BrokerId(*b)).collect(),
-                ))])]);
+                .with_replicas(
+                    replicas.map(|r| r.iter().map(|b| BrokerId(*b)).collect()),
+                )])]);
     let ResponseKind::AlterPartitionReassignments(response) = conn
         .call(RequestKind::AlterPartitionReassignments(request), timeout)
         .await
@@ -74,7 +74,10 @@ pub async fn reassign(
             }
         }
     }
-    println!("{topic}/{partition}: moving to brokers {replicas:?}");
+    match replicas {
+        Some(replicas) => println!("{topic}/{partition}: moving to brokers {replicas:?}"),
+        None => println!("{topic}/{partition}: move cancelled, going back to the replicas it had"),
+    }
     Ok(())
 }
 

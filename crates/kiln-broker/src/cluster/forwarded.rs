@@ -48,6 +48,8 @@ pub(super) enum TopicChange {
         partition: i32,
         target: Vec<i32>,
     },
+    /// AlterPartitionReassignments with no replicas: a move called off (`moves.rs`).
+    CancelMove { topic: String, partition: i32 },
     /// UnregisterBroker: decommission (`moves.rs`).
     Decommission { node: i32 },
 }
@@ -118,6 +120,9 @@ impl Cluster {
                 partition,
                 target,
             } => self.move_replicas_here(&topic, partition, target).await,
+            TopicChange::CancelMove { topic, partition } => {
+                self.cancel_move_here(&topic, partition).await
+            }
             TopicChange::Decommission { node } => self.decommission_here(node).await,
         };
         result

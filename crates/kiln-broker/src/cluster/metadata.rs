@@ -51,6 +51,12 @@ pub enum Command {
         group: String,
         target: Vec<i32>,
     },
+    /// A move under way is called off (`cluster/moves.rs`): partition group `group`'s
+    /// target becomes its replicas before the move, and the brokers of the abandoned target
+    /// keep their replica (they may be voters) until the move back ends.
+    CancelMove {
+        group: String,
+    },
     /// A move ended: group `group`'s voters are `replicas` (committed in its own log).
     FinishMove {
         group: String,
@@ -232,6 +238,10 @@ pub struct MetadataState {
     /// Replica moves under way: each group's target voters (`cluster/moves.rs`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub moves: BTreeMap<String, Vec<i32>>,
+    /// Moves called off and not yet ended: each group's abandoned target, whose brokers keep
+    /// their replica until the group's voters are back (`cluster/moves.rs`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub cancelled: BTreeMap<String, Vec<i32>>,
     /// The voters of an internal group (metadata, offsets) once a move changed them; absent,
     /// the founding brokers.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -378,6 +388,7 @@ fn apply_command(state: &mut MetadataState, command: Command) {
                 state.topics.remove(&name);
                 let prefix = format!("{id}/");
                 state.moves.retain(|group, _| !group.starts_with(&prefix));
+                state.cancelled.retain(|group, _| !group.starts_with(&prefix));
             }
         }
         Command::RegisterBroker {
@@ -460,11 +471,34 @@ fn apply_command(state: &mut MetadataState, command: Command) {
                 }
             }
         }
-        Command::FinishMove { group, replicas } => {
-            if state.moves.remove(&group).is_none() {
-                // A retried proposal of a move already finished.
+        Command::CancelMove { group } => {
+            let original = state.topics.values().find_map(|t| {
+                let index = super::moves::partition_of(&group, t.id)?;
+                t.assignments.get(index as usize).cloned()
+            });
+            let (Some(target), Some(original)) = (state.moves.get_mut(&group), original) else {
+                // The controller checks before proposing: the move ended, or its topic went,
+                // in between.
+                tracing::info!(%group, "a cancel of a move that is not under way; ignored");
+                return;
+            };
+            if *target == original {
+                // Cancelled already.
                 return;
             }
+            tracing::info!(%group, abandoned = ?target, back_to = ?original, "replica move cancelled");
+            let abandoned = std::mem::replace(target, original);
+            state.cancelled.entry(group).or_insert(abandoned);
+        }
+        Command::FinishMove { group, replicas } => {
+            if state.moves.get(&group) != Some(&replicas) {
+                // A retried proposal of a move already finished, or a move to a target that
+                // was cancelled since (its group's voters are being changed back).
+                tracing::info!(%group, ?replicas, "a finish of a move not under way to these replicas; ignored");
+                return;
+            }
+            state.moves.remove(&group);
+            state.cancelled.remove(&group);
             tracing::info!(%group, ?replicas, "replica move finished");
             if super::is_internal_group(&group) {
                 state.internal.insert(group, replicas);
@@ -710,6 +744,82 @@ mod tests {
         other.apply(2, 8, &delete);
         assert!(other.state().topics.is_empty());
         assert!(other.restore(b"not json").is_err());
+    }
+
+    #[test]
+    fn a_cancelled_move_goes_back_and_keeps_the_abandoned_replicas_until_it_ends() {
+        use kiln_raft::Table;
+        let table = MetadataTable::default();
+        let id = Uuid::new_v4();
+        let group = super::super::partition_group(id, 0);
+        let apply = |index: u64, commands: &[Command]| {
+            let mut bytes = BytesMut::new();
+            for c in commands {
+                bytes.extend_from_slice(&encode(c, 0).expect("encode"));
+            }
+            table.apply(index, 0, &bytes.freeze());
+        };
+        apply(
+            0,
+            &[
+                Command::CreateTopic {
+                    name: "t".into(),
+                    id,
+                    overrides: BTreeMap::new(),
+                    assignments: vec![vec![1, 2, 3]],
+                },
+                Command::StartMove {
+                    group: group.clone(),
+                    target: vec![1, 2, 4],
+                },
+                Command::CancelMove {
+                    group: group.clone(),
+                },
+            ],
+        );
+        let state = table.state();
+        assert_eq!(state.moves[&group], vec![1, 2, 3]);
+        assert_eq!(state.cancelled[&group], vec![1, 2, 4]);
+        // Snapshots carry the abandoned target.
+        let other = MetadataTable::default();
+        other
+            .restore(&table.snapshot().expect("snapshot"))
+            .expect("restore");
+        assert_eq!(other.state(), state);
+
+        apply(
+            1,
+            &[
+                // The old driver finishing the abandoned target: ignored.
+                Command::FinishMove {
+                    group: group.clone(),
+                    replicas: vec![1, 2, 4],
+                },
+                // Cancelled twice: nothing changes.
+                Command::CancelMove {
+                    group: group.clone(),
+                },
+                // A cancel of a group not moving: ignored.
+                Command::CancelMove {
+                    group: super::super::partition_group(id, 5),
+                },
+            ],
+        );
+        assert_eq!(table.state(), {
+            let mut s = state.clone();
+            s.applied_offset = table.state().applied_offset;
+            s
+        });
+        apply(
+            2,
+            &[Command::FinishMove {
+                group: group.clone(),
+                replicas: vec![1, 2, 3],
+            }],
+        );
+        let state = table.state();
+        assert!(state.moves.is_empty() && state.cancelled.is_empty());
+        assert_eq!(state.topics["t"].assignments, vec![vec![1, 2, 3]]);
     }
 
     #[test]

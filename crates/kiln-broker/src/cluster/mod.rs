@@ -144,6 +144,9 @@ pub enum ClusterError {
     InvalidReplicaAssignment(String),
     #[error("{0}")]
     MoveInProgress(String),
+    /// A cancel of a move that is not under way.
+    #[error("{0}")]
+    NoMoveInProgress(String),
     #[error("{0}")]
     UnknownBroker(String),
 }
@@ -716,11 +719,11 @@ impl Cluster {
         }
         for (name, record) in &state.topics {
             match self.topic(name) {
-                None => self.open_topic(name, record, &state.moves).await,
+                None => self.open_topic(name, record, state).await,
                 Some(t)
                     if t.id == record.id && topic_changes::changed(&t, record, &state.moves) =>
                 {
-                    self.update_topic(&t, record, &state.moves).await
+                    self.update_topic(&t, record, state).await
                 }
                 Some(_) => {}
             }
@@ -752,12 +755,7 @@ impl Cluster {
         }
     }
 
-    async fn open_topic(
-        &self,
-        name: &str,
-        record: &metadata::TopicRecord,
-        moves: &BTreeMap<String, Vec<i32>>,
-    ) {
+    async fn open_topic(&self, name: &str, record: &metadata::TopicRecord, state: &MetadataState) {
         let Some(settings) = self.resolve_settings(name, record) else {
             return;
         };
@@ -765,7 +763,7 @@ impl Cluster {
         // membership entry): a few at once keep the disk busy, and a topic of thousands of
         // partitions opens in seconds instead of minutes. `buffered` keeps partition order.
         let replicas: Vec<_> = futures_util::stream::iter(0..record.assignments.len())
-            .map(|index| self.open_partition(name, record, index, &settings, moves))
+            .map(|index| self.open_partition(name, record, index, &settings, state))
             .buffered(REPLICA_OPENS_AT_ONCE_MAX)
             .collect()
             .await;
@@ -778,7 +776,7 @@ impl Cluster {
                 overrides: record.overrides.clone(),
                 settings,
                 assignments: record.assignments.clone(),
-                moves: moves::of_topic(record, moves),
+                moves: moves::of_topic(record, &state.moves),
                 replicas,
                 traffic: Arc::default(),
             }),
@@ -787,19 +785,24 @@ impl Cluster {
 
     /// The members of partition `index` as this broker's replica of it knows them: a move's
     /// target that names this broker (the move adds or keeps a replica here), else the
-    /// assignment if it names this broker; `None` where this broker holds no replica.
+    /// assignment if it names this broker, else a cancelled move's abandoned target that
+    /// names it (kept until the move back ends, `moves.rs`); `None` where this broker holds
+    /// no replica.
     fn local_members<'a>(
         &self,
         record: &'a metadata::TopicRecord,
         index: usize,
-        moves: &'a BTreeMap<String, Vec<i32>>,
+        state: &'a MetadataState,
     ) -> Option<&'a Vec<i32>> {
         let assigned = record.assignments.get(index)?;
         let group = partition_group(record.id, i32::try_from(index).unwrap_or(i32::MAX));
-        match moves.get(&group) {
+        match state.moves.get(&group) {
             Some(t) if t.contains(&self.node_id) => Some(t),
             _ if assigned.contains(&self.node_id) => Some(assigned),
-            _ => None,
+            _ => state
+                .cancelled
+                .get(&group)
+                .filter(|t| t.contains(&self.node_id)),
         }
     }
 
@@ -811,10 +814,10 @@ impl Cluster {
         record: &metadata::TopicRecord,
         index: usize,
         settings: &TopicSettings,
-        moves: &BTreeMap<String, Vec<i32>>,
+        state: &MetadataState,
     ) -> Option<Arc<Replica>> {
         let assigned = record.assignments.get(index)?;
-        let members = self.local_members(record, index, moves)?;
+        let members = self.local_members(record, index, state)?;
         let index = i32::try_from(index).unwrap_or(i32::MAX);
         let group = partition_group(record.id, index);
         // Started anew only by its first replicas, and only if no move ever touched it.

@@ -18,6 +18,13 @@
 //! A leader that dies at any step is replaced by one that finds the move in the table and
 //! carries on from the group's membership as committed: every step is safe to repeat.
 //!
+//! A move of a partition can be called off (`CancelMove`, AlterPartitionReassignments with no
+//! replicas) at any step: its target becomes the replicas it had before, and the leader drives
+//! the group back there the same way (learners for what left, a joint configuration, then the
+//! learners of the abandoned target removed). The brokers of the abandoned target keep their
+//! replica until `FinishMove` of the move back: one of them may be a voter until then, and a
+//! voter's log is never deleted while it may hold the only other copy of a committed entry.
+//!
 //! Decommissioning broker N (`Decommission`) asks the controller to move every replica N
 //! holds, internal groups included, to the assignable broker holding the fewest, at most
 //! [`MOVES_IN_FLIGHT_MAX`] at a time, and to remove N (`RemoveBroker`) once it holds none.
@@ -27,6 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use kiln_raft::partition::LEARNER_LAG_ENTRIES_MAX;
 use uuid::Uuid;
 
 use super::metadata::{Command, MetadataState, TopicRecord};
@@ -45,6 +53,8 @@ const MOVE_POLL: Duration = Duration::from_millis(250);
 /// Longest wait for one step of a move (a learner catching up, a membership change); past
 /// it the step is tried again.
 const STEP_WAIT: Duration = Duration::from_secs(600);
+/// How often a driver waiting for a learner looks at its progress.
+const LEARNER_POLL: Duration = Duration::from_millis(100);
 /// How often a driver waiting for a learner logs its progress.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// Longest wait for the controller to take a forwarded `FinishMove`.
@@ -84,6 +94,9 @@ pub struct MoveStatus {
     /// The group's replicas before the move.
     pub replicas: Vec<i32>,
     pub target: Vec<i32>,
+    /// A cancelled move's abandoned target (empty otherwise): its brokers that are not in
+    /// `target` are being removed.
+    pub cancelled: Vec<i32>,
 }
 
 impl MoveStatus {
@@ -96,11 +109,13 @@ impl MoveStatus {
     }
 
     pub fn removing(&self) -> Vec<i32> {
-        self.replicas
-            .iter()
-            .copied()
-            .filter(|b| !self.target.contains(b))
-            .collect()
+        let mut out: Vec<i32> = Vec::new();
+        for &b in self.replicas.iter().chain(&self.cancelled) {
+            if !self.target.contains(&b) && !out.contains(&b) {
+                out.push(b);
+            }
+        }
+        out
     }
 }
 
@@ -189,6 +204,58 @@ impl Cluster {
             return Ok(());
         }
         self.propose(&Command::StartMove { group, target }).await
+    }
+
+    /// Calls off the move of `topic`'s partition `partition` under way: its replicas go back
+    /// to those it had before (AlterPartitionReassignments with no replicas). Forwarded to the
+    /// controller from any other broker.
+    pub async fn cancel_move(&self, topic: &str, partition: i32) -> Result<(), ClusterError> {
+        if !self.metadata.is_leader() {
+            return self
+                .forward_topic_change(super::forwarded::TopicChange::CancelMove {
+                    topic: topic.to_string(),
+                    partition,
+                })
+                .await;
+        }
+        self.cancel_move_here(topic, partition).await
+    }
+
+    /// [`Self::cancel_move`] on the controller.
+    pub(super) async fn cancel_move_here(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<(), ClusterError> {
+        let _one_at_a_time = self.controller_lock.lock().await;
+        if !self.metadata.is_leader() {
+            return Err(ClusterError::NotController(self.controller()));
+        }
+        let state = self.metadata_table.state();
+        let group = self.group_of(&state, topic, partition)?;
+        let Some(target) = state.moves.get(&group) else {
+            return Err(ClusterError::NoMoveInProgress(format!(
+                "{topic}/{partition} is not being moved"
+            )));
+        };
+        if super::is_internal_group(&group) {
+            // Their voters before the move are not in the table (a founder's are in its config).
+            return Err(ClusterError::InvalidRequest(format!(
+                "a move of {topic} cannot be cancelled; move it again once it has ended"
+            )));
+        }
+        let original = self.current_replicas(&state, &group).unwrap_or_default();
+        if let Some(b) = original.iter().find(|b| state.leaving.contains(b)) {
+            return Err(ClusterError::InvalidRequest(format!(
+                "{topic}/{partition} is moving off broker {b}, which is being decommissioned; \
+                 cancelling would only start the move again"
+            )));
+        }
+        if *target == original {
+            // Cancelled already; the move back is under way.
+            return Ok(());
+        }
+        self.propose(&Command::CancelMove { group }).await
     }
 
     /// A target names 1 to [`TARGET_REPLICAS_MAX`] distinct brokers that may take replicas.
@@ -283,6 +350,7 @@ impl Cluster {
                 partition,
                 replicas,
                 target: target.clone(),
+                cancelled: state.cancelled.get(group).cloned().unwrap_or_default(),
             });
         }
         out
@@ -471,32 +539,18 @@ async fn drive(cluster: &Cluster, replica: &Replica, target: &[i32]) -> Result<(
         )
     };
     if voters != want || joint {
-        for &node in want.difference(&nodes) {
-            tracing::info!(%group, node, "move: adding a learner");
-            let started = tokio::time::Instant::now();
-            let add = raft.add_learner(node, openraft::EmptyNode {}, true);
-            tokio::pin!(add);
-            loop {
-                tokio::select! {
-                    added = &mut add => {
-                        added.map_err(|e| format!("adding learner {node}: {e}"))?;
-                        break;
-                    }
-                    () = tokio::time::sleep(PROGRESS_EVERY) => {
-                        if started.elapsed() > STEP_WAIT {
-                            return Err(format!("learner {node} did not catch up within {STEP_WAIT:?}"));
-                        }
-                        let (matched, last) = {
-                            let m = raft.metrics();
-                            let m = m.borrow();
-                            let matched = m.replication.as_ref().and_then(|r| r.get(&node).copied().flatten()).map(|l| l.index);
-                            (matched, m.last_log_index)
-                        };
-                        tracing::info!(%group, node, ?matched, ?last, "move: learner catching up");
-                    }
-                }
+        for &node in want.difference(&voters) {
+            if !nodes.contains(&node) {
+                tracing::info!(%group, node, "move: adding a learner");
+                tokio::time::timeout(
+                    STEP_WAIT,
+                    raft.add_learner(node, openraft::EmptyNode {}, false),
+                )
+                .await
+                .map_err(|_| format!("adding learner {node} timed out"))?
+                .map_err(|e| format!("adding learner {node}: {e}"))?;
             }
-            tracing::info!(%group, node, elapsed = ?started.elapsed(), "move: learner caught up");
+            wait_caught_up(cluster, replica, node, target).await?;
         }
         tracing::info!(%group, voters = ?want, "move: changing the voters");
         tokio::time::timeout(STEP_WAIT, raft.change_membership(want.clone(), false))
@@ -504,9 +558,92 @@ async fn drive(cluster: &Cluster, replica: &Replica, target: &[i32]) -> Result<(
             .map_err(|_| "changing the voters timed out".to_string())?
             .map_err(|e| format!("changing the voters: {e}"))?;
     }
+    // Learners that are not in the target: a cancelled move's.
+    let learners: BTreeSet<kiln_raft::NodeId> = {
+        let m = raft.metrics();
+        let m = m.borrow();
+        m.membership_config
+            .membership()
+            .learner_ids()
+            .filter(|n| !want.contains(n))
+            .collect()
+    };
+    if !learners.is_empty() {
+        tracing::info!(%group, ?learners, "move: removing learners");
+        tokio::time::timeout(
+            STEP_WAIT,
+            raft.change_membership(openraft::ChangeMembers::RemoveNodes(learners), false),
+        )
+        .await
+        .map_err(|_| "removing learners timed out".to_string())?
+        .map_err(|e| format!("removing learners: {e}"))?;
+    }
     cluster.finish_move(group, target).await?;
     tracing::info!(%group, replicas = ?target, "move: done");
     Ok(())
+}
+
+/// Waits until learner `node` holds the log of `replica`'s group (all but at most
+/// [`LEARNER_LAG_ENTRIES_MAX`] entries, so a leader that keeps writing does not hold it off),
+/// logging progress every [`PROGRESS_EVERY`]. Gives up when the move's target is no longer
+/// `target` (cancelled), when this replica stops leading, or after [`STEP_WAIT`]. A learner
+/// added by a broker's joining (`membership.rs`) is waited for the same way: only a learner
+/// that holds the log may become a voter.
+async fn wait_caught_up(
+    cluster: &Cluster,
+    replica: &Replica,
+    node: kiln_raft::NodeId,
+    target: &[i32],
+) -> Result<(), String> {
+    let group = &replica.group;
+    let started = tokio::time::Instant::now();
+    let mut logged = started;
+    loop {
+        let (leading, matched, last) = {
+            let m = replica.partition.raft().metrics();
+            let m = m.borrow();
+            let matched = m
+                .replication
+                .as_ref()
+                .and_then(|r| r.get(&node).copied().flatten())
+                .map(|l| l.index);
+            (m.replication.is_some(), matched, m.last_log_index)
+        };
+        if !leading {
+            return Err(format!("no longer leads while learner {node} catches up"));
+        }
+        let caught_up = match last {
+            None => true,
+            Some(last) => {
+                matched.is_some_and(|m| m.saturating_add(LEARNER_LAG_ENTRIES_MAX) >= last)
+            }
+        };
+        if caught_up {
+            tracing::info!(%group, node, elapsed = ?started.elapsed(), "move: learner caught up");
+            return Ok(());
+        }
+        let asked = cluster
+            .metadata_table
+            .state()
+            .moves
+            .get(&group[..])
+            .cloned();
+        if asked.as_deref() != Some(target) {
+            // Cancelled (a learner that cannot catch up is the usual reason): the next
+            // round drives the group to the new target.
+            return Err(format!("the move to {target:?} was cancelled"));
+        }
+        if started.elapsed() > STEP_WAIT {
+            return Err(format!(
+                "learner {node} did not catch up within {STEP_WAIT:?}"
+            ));
+        }
+        if logged.elapsed() >= PROGRESS_EVERY {
+            logged = tokio::time::Instant::now();
+            tracing::info!(%group, node, ?matched, ?last, "move: learner catching up");
+        }
+        tokio::time::sleep(LEARNER_POLL).await;
+    }
 }
 
 #[cfg(test)]
@@ -540,8 +677,19 @@ mod tests {
             partition: 2,
             replicas: vec![3, 1, 2],
             target: vec![4, 1, 2],
+            cancelled: Vec::new(),
         };
         assert_eq!(status.adding(), vec![4]);
         assert_eq!(status.removing(), vec![3]);
+        // Cancelled: back to the replicas it had, the abandoned target's new broker leaving.
+        let back = MoveStatus {
+            topic: "t".into(),
+            partition: 2,
+            replicas: vec![3, 1, 2],
+            target: vec![3, 1, 2],
+            cancelled: vec![4, 1, 2],
+        };
+        assert_eq!(back.adding(), Vec::<i32>::new());
+        assert_eq!(back.removing(), vec![4]);
     }
 }

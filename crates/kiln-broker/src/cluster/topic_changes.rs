@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::forwarded::TopicChange;
-use super::metadata::{self, Command, TopicRecord};
+use super::metadata::{self, Command, MetadataState, TopicRecord};
 use super::{write, Cluster, ClusterError, ClusterTopic};
 use crate::topic_config::{self, LIST_CONFIG_KEYS, PARTITIONS_PER_TOPIC_MAX, TOPIC_CONFIG_KEYS};
 
@@ -172,7 +172,7 @@ impl Cluster {
         &self,
         topic: &ClusterTopic,
         record: &TopicRecord,
-        moves: &BTreeMap<String, Vec<i32>>,
+        state: &MetadataState,
     ) {
         let Some(settings) = self.resolve_settings(&topic.name, record) else {
             return;
@@ -200,11 +200,11 @@ impl Cluster {
             return;
         }
         for (index, slot) in replicas.iter_mut().enumerate() {
-            match (slot.as_ref(), self.local_members(record, index, moves)) {
+            match (slot.as_ref(), self.local_members(record, index, state)) {
                 (Some(r), Some(members)) => r.set_members(members),
                 (None, Some(_)) => {
                     *slot = self
-                        .open_partition(&topic.name, record, index, &settings, moves)
+                        .open_partition(&topic.name, record, index, &settings, state)
                         .await;
                 }
                 (Some(r), None) => {
@@ -216,7 +216,7 @@ impl Cluster {
         }
         for index in replicas.len()..record.assignments.len() {
             replicas.push(
-                self.open_partition(&topic.name, record, index, &settings, moves)
+                self.open_partition(&topic.name, record, index, &settings, state)
                     .await,
             );
         }
@@ -229,7 +229,7 @@ impl Cluster {
                 overrides: record.overrides.clone(),
                 settings,
                 assignments: record.assignments.clone(),
-                moves: super::moves::of_topic(record, moves),
+                moves: super::moves::of_topic(record, &state.moves),
                 replicas,
                 traffic: topic.traffic.clone(),
             }),

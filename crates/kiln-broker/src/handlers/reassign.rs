@@ -3,8 +3,9 @@
 //! changes go to the controller. The internal groups are named as topics `__cluster_metadata`
 //! and `__consumer_offsets`, partition 0.
 //!
-//! Cancelling a move (a null replica list) is refused per partition: a move is a Raft
-//! membership change that runs to its end (docs/replication.md, "Moving replicas").
+//! A null replica list cancels a partition's move: it goes back to the replicas it had
+//! (NO_REASSIGNMENT_IN_PROGRESS where none is under way; docs/replication.md, "Moving
+//! replicas").
 //! UnregisterBroker decommissions the broker: its replicas move to the others first, then it
 //! is removed (Kafka's brokers must be stopped first; Kiln moves their data instead).
 
@@ -51,10 +52,10 @@ pub fn alter(cluster: &Arc<Cluster>, request: AlterPartitionReassignmentsRequest
             let mut partitions = Vec::with_capacity(t.partitions.len());
             for p in t.partitions {
                 let outcome = match p.replicas {
-                    None => Err((
-                        ResponseError::InvalidRequest,
-                        "a move cannot be cancelled: it is a Raft membership change that runs to its end".to_string(),
-                    )),
+                    None => cluster
+                        .cancel_move(t.name.as_str(), p.partition_index)
+                        .await
+                        .map_err(|e| (cluster_error_code(&e), e.to_string())),
                     Some(replicas) => {
                         let target = replicas.into_iter().map(|b| b.0).collect();
                         cluster
