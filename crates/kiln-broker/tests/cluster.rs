@@ -22,7 +22,6 @@ use kiln_client::Connection;
 use kiln_raft::net::LinkCuts;
 
 const NOT_LEADER: i16 = 6;
-const NOT_CONTROLLER: i16 = 41;
 
 /// A port nothing listens on now and that no other test of this binary was given (tests run
 /// in parallel, and the OS may hand a just-released port out again).
@@ -190,6 +189,21 @@ async fn create(conn: &mut Connection, name: &str, partitions: i32) -> i16 {
     groups_common::try_create_topic(conn, name, partitions, 3).await
 }
 
+/// DeleteTopics of one topic by name: its error code.
+async fn delete(conn: &mut Connection, name: &str) -> i16 {
+    let request = DeleteTopicsRequest::default()
+        .with_timeout_ms(5000)
+        .with_topic_names(vec![topic_name(name)]);
+    match conn
+        .call(RequestKind::DeleteTopics(request), T)
+        .await
+        .unwrap()
+    {
+        ResponseKind::DeleteTopics(r) => r.responses[0].error_code,
+        other => panic!("{other:?}"),
+    }
+}
+
 /// (error code, base offset) of one acks=all produce of `n` records.
 async fn produce(conn: &mut Connection, topic: &str, partition: i32, n: usize) -> (i16, i64) {
     let request = ProduceRequest::default()
@@ -232,14 +246,20 @@ async fn fetch(conn: &mut Connection, topic: &str, partition: i32) -> (i16, i64,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_controller_creates_topics_and_only_leaders_take_writes_and_serve_reads() {
+async fn any_broker_creates_topics_through_the_controller_and_only_leaders_take_writes() {
     let cluster = Cluster::start().await;
     let controller = cluster.controller().await;
     let other = if controller == 1 { 2 } else { 1 };
+    // At a broker that is not the controller: forwarded there (KIP-590), as are deletes.
     let mut conn = cluster.by_id(other).connect().await;
-    assert_eq!(create(&mut conn, "orders", 3).await, NOT_CONTROLLER);
-    let mut conn = cluster.by_id(controller).connect().await;
+    assert_eq!(create(&mut conn, "scratch", 1).await, 0);
+    assert_eq!(delete(&mut conn, "scratch").await, 0);
+    assert_eq!(
+        delete(&mut conn, "scratch").await,
+        ResponseError::UnknownTopicOrPartition.code()
+    );
     assert_eq!(create(&mut conn, "orders", 3).await, 0);
+    let mut conn = cluster.by_id(controller).connect().await;
     assert_eq!(
         create(&mut conn, "orders", 3).await,
         ResponseError::TopicAlreadyExists.code()

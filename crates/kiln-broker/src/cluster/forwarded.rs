@@ -1,5 +1,5 @@
-//! Topic changes (config alterations, new partitions) that reach a broker which is not the
-//! controller. Kafka's brokers forward admin requests to their controller (KIP-590), and
+//! Topic changes (topics created and deleted, config alterations, new partitions, moves)
+//! that reach a broker which is not the controller. Kafka's brokers forward admin requests to their controller (KIP-590), and
 //! clients count on it: the Java admin client and kafka-python send AlterConfigs and
 //! IncrementalAlterConfigs to any broker, the least loaded one. So the broker forwards the
 //! change over the Raft transport (a `Forward` frame addressed to [`TOPIC_CHANGES_GROUP`]),
@@ -27,6 +27,18 @@ const FORWARD_WAIT: Duration = Duration::from_secs(35);
 /// A change as forwarded: the arguments of the controller's own call.
 #[derive(Debug, Serialize, Deserialize)]
 pub(super) enum TopicChange {
+    /// CreateTopics (`Cluster::create_topic`); `answer_within_ms`: what is left of the
+    /// client's request timeout.
+    CreateTopic {
+        name: String,
+        partitions: u32,
+        replication_factor: Option<u16>,
+        overrides: std::collections::BTreeMap<String, String>,
+        validate_only: bool,
+        answer_within_ms: u64,
+    },
+    /// DeleteTopics (`Cluster::delete_topic`).
+    DeleteTopic { name: String },
     AlterConfig {
         name: String,
         changes: Vec<ConfigChange>,
@@ -96,6 +108,25 @@ impl Cluster {
             .map_err(|e| format!("a forwarded topic change that does not parse: {e}"))?;
         tracing::debug!(?change, "a topic change forwarded by a peer");
         let result = match change {
+            TopicChange::CreateTopic {
+                name,
+                partitions,
+                replication_factor,
+                overrides,
+                validate_only,
+                answer_within_ms,
+            } => {
+                self.create_topic_here(
+                    &name,
+                    partitions,
+                    replication_factor,
+                    overrides,
+                    validate_only,
+                    Duration::from_millis(answer_within_ms),
+                )
+                .await
+            }
+            TopicChange::DeleteTopic { name } => self.delete_topic_here(&name).await,
             TopicChange::AlterConfig {
                 name,
                 changes,

@@ -547,6 +547,19 @@ impl Cluster {
         self.metadata.leader().0
     }
 
+    /// The controller as Metadata and DescribeCluster name it to clients: the metadata
+    /// group's leader, or this broker while none is known here (an election under way, or a
+    /// follower that has not heard its leader lately). A client told -1 waits for its next
+    /// metadata refresh before it sends any admin request: librdkafka's AdminClient waited
+    /// out its whole request timeout (10 s) on a cluster formed a moment before. Told this
+    /// broker, it asks here, is answered NOT_CONTROLLER at once, and refreshes.
+    pub fn controller_hint(&self) -> i32 {
+        match self.controller() {
+            c if c >= 0 => c,
+            _ => self.node_id,
+        }
+    }
+
     /// The cluster's brokers now, by id (`membership.rs`).
     pub fn brokers(&self) -> Arc<Vec<PeerBroker>> {
         read(&self.brokers).clone()
@@ -556,12 +569,52 @@ impl Cluster {
         self.brokers().iter().find(|b| b.id == id).cloned()
     }
 
-    /// Creates a topic through the metadata log. Controller only. Once the topic is committed
+    /// Creates a topic through the metadata log; forwarded to the controller from any other
+    /// broker (which answers once it has the topic too, or the time is up). Once it is committed
     /// it exists, so whatever is left of `answer_within` (the request's own timeout) is spent
     /// waiting for this broker to open its replicas and know their leaders, and no more: a
     /// topic of thousands of partitions takes seconds to open, and a client whose request
     /// timed out retries and is told the topic already exists.
     pub async fn create_topic(
+        &self,
+        name: &str,
+        partitions: u32,
+        replication_factor: Option<u16>,
+        overrides: BTreeMap<String, String>,
+        validate_only: bool,
+        answer_within: Duration,
+    ) -> Result<(), ClusterError> {
+        let deadline = tokio::time::Instant::now() + answer_within;
+        if !self.metadata.is_leader() {
+            self.forward_topic_change(forwarded::TopicChange::CreateTopic {
+                name: name.to_string(),
+                partitions,
+                replication_factor,
+                overrides,
+                validate_only,
+                answer_within_ms: u64::try_from(answer_within.as_millis()).unwrap_or(u64::MAX),
+            })
+            .await?;
+            if !validate_only {
+                // Created: answered once this broker knows it too, if that comes in time, so
+                // the client's next Metadata here names it.
+                self.wait_for_topic_until(name, deadline).await;
+            }
+            return Ok(());
+        }
+        self.create_topic_here(
+            name,
+            partitions,
+            replication_factor,
+            overrides,
+            validate_only,
+            answer_within,
+        )
+        .await
+    }
+
+    /// [`Self::create_topic`] on the controller, where the request is checked.
+    pub(super) async fn create_topic_here(
         &self,
         name: &str,
         partitions: u32,
@@ -655,8 +708,28 @@ impl Cluster {
             .ok_or_else(|| ClusterError::NotFound(name.to_string()))
     }
 
-    /// Deletes a topic through the metadata log. Controller only.
+    /// Waits until this broker has opened topic `name`, until `deadline` at the latest.
+    async fn wait_for_topic_until(&self, name: &str, deadline: tokio::time::Instant) {
+        while self.topic(name).is_none() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(LEADER_POLL).await;
+        }
+    }
+
+    /// Deletes a topic through the metadata log: forwarded to the controller from any other
+    /// broker.
     pub async fn delete_topic(&self, name: &str) -> Result<(), ClusterError> {
+        if !self.metadata.is_leader() {
+            return self
+                .forward_topic_change(forwarded::TopicChange::DeleteTopic {
+                    name: name.to_string(),
+                })
+                .await;
+        }
+        self.delete_topic_here(name).await
+    }
+
+    /// [`Self::delete_topic`] on the controller.
+    pub(super) async fn delete_topic_here(&self, name: &str) -> Result<(), ClusterError> {
         let _one_at_a_time = self.controller_lock.lock().await;
         let id = self.controlled_topic(name)?.id;
         let command = Command::DeleteTopic {

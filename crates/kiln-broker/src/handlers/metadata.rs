@@ -110,7 +110,7 @@ pub async fn handle(
     MetadataResponse::default()
         .with_brokers(brokers)
         .with_cluster_id(broker.cluster_id().map(StrBytes::from_string))
-        .with_controller_id(BrokerId(cluster.controller()))
+        .with_controller_id(BrokerId(cluster.controller_hint()))
         .with_topics(topics)
 }
 
@@ -190,7 +190,7 @@ pub fn describe_cluster(
         .with_cluster_id(StrBytes::from_string(
             broker.cluster_id().unwrap_or_default(),
         ))
-        .with_controller_id(BrokerId(cluster.controller()))
+        .with_controller_id(BrokerId(cluster.controller_hint()))
         .with_brokers(brokers)
         // Kafka's value when they were not requested (Kiln has no ACLs; asked for, none).
         .with_cluster_authorized_operations(if include_operations { 0 } else { i32::MIN })
