@@ -85,6 +85,7 @@ fn describe(r: &SimReport) -> String {
 #[derive(Default)]
 struct Totals {
     seeds: usize,
+    acknowledged: usize,
     crashes: usize,
     power_losses: usize,
     aimed: usize,
@@ -109,6 +110,7 @@ struct Totals {
 impl Totals {
     fn add(&mut self, r: &SimReport) {
         self.seeds += 1;
+        self.acknowledged += r.acknowledged;
         self.crashes += r.crashes;
         self.power_losses += r.power_losses;
         self.aimed += r.aimed_crashes;
@@ -128,6 +130,26 @@ impl Totals {
         self.replacements_finished += r.replacements_finished;
         self.stale_leaders += r.stale_leaders;
         self.lease_reads += r.lease_reads_checked;
+    }
+
+    /// Runs the schedule `options(seed)` gives for every seed: each must pass (its trace is
+    /// printed otherwise) and acknowledge something. Returns their totals, printed.
+    fn of_passing_runs(
+        seeds: impl IntoIterator<Item = u64>,
+        options: impl Fn(u64) -> SimOptions,
+    ) -> Totals {
+        let mut totals = Totals::default();
+        for seed in seeds {
+            let r = simulate(options(seed));
+            println!("{}", describe(&r));
+            if !r.passed() {
+                fail_with_trace(&r);
+            }
+            assert!(r.acknowledged > 0, "seed {seed} acknowledged nothing");
+            totals.add(&r);
+        }
+        println!("{}", totals.describe());
+        totals
     }
 
     /// Share of crashes that dropped written but unsynced bytes.
@@ -209,20 +231,12 @@ const REPLACE_REGRESSION_SEEDS: [u64; 1] = [40034];
 
 #[test]
 fn replacements_lose_nothing() {
-    let mut totals = Totals::default();
-    for seed in REPLACE_SEEDS.chain(REPLACE_REGRESSION_SEEDS) {
-        let r = simulate(SimOptions {
+    let totals = Totals::of_passing_runs(REPLACE_SEEDS.chain(REPLACE_REGRESSION_SEEDS), |seed| {
+        SimOptions {
             replace_weight: 30,
             ..SimOptions::new(seed)
-        });
-        println!("{}", describe(&r));
-        if !r.passed() {
-            fail_with_trace(&r);
         }
-        assert!(r.acknowledged > 0, "seed {seed} acknowledged nothing");
-        totals.add(&r);
-    }
-    println!("{}", totals.describe());
+    });
     assert!(
         totals.replacements >= REPLACE_SEEDS.count() + REPLACE_REGRESSION_SEEDS.len(),
         "too few replacements: {}",
@@ -242,20 +256,10 @@ const STALE_WEIGHT: u32 = 40;
 
 #[test]
 fn stale_leaders_serve_nothing_stale() {
-    let mut totals = Totals::default();
-    for seed in STALE_SEEDS {
-        let r = simulate(SimOptions {
-            stale_leader_weight: STALE_WEIGHT,
-            ..SimOptions::new(seed)
-        });
-        println!("{}", describe(&r));
-        if !r.passed() {
-            fail_with_trace(&r);
-        }
-        assert!(r.acknowledged > 0, "seed {seed} acknowledged nothing");
-        totals.add(&r);
-    }
-    println!("{}", totals.describe());
+    let totals = Totals::of_passing_runs(STALE_SEEDS, |seed| SimOptions {
+        stale_leader_weight: STALE_WEIGHT,
+        ..SimOptions::new(seed)
+    });
     assert!(
         totals.stale_leaders >= 2 * STALE_SEEDS.count(),
         "too few stale leaders: {}",
@@ -298,19 +302,8 @@ fn checker_catches_reads_that_ignore_the_lease() {
 
 #[test]
 fn ci_seeds() {
-    let mut total_acked = 0;
-    let mut totals = Totals::default();
-    for seed in CI_SEEDS {
-        let r = simulate(SimOptions::new(seed));
-        println!("{}", describe(&r));
-        if !r.passed() {
-            fail_with_trace(&r);
-        }
-        assert!(r.acknowledged > 0, "seed {seed} acknowledged nothing");
-        total_acked += r.acknowledged;
-        totals.add(&r);
-    }
-    println!("{}", totals.describe());
+    let totals = Totals::of_passing_runs(CI_SEEDS, SimOptions::new);
+    let total_acked = totals.acknowledged;
     // The schedules really do inject faults and the client really does get acknowledgements.
     assert!(
         totals.crashes > CI_SEEDS.count(),

@@ -285,6 +285,12 @@ impl MetadataTable {
         self.lock().clone()
     }
 
+    /// The target of group `group`'s move under way, if one is (a driver waiting for a
+    /// learner asks every 100 ms; `state()` would copy every topic).
+    pub fn move_target(&self, group: &str) -> Option<Vec<i32>> {
+        self.lock().moves.get(group).cloned()
+    }
+
     /// One user's credential for one mechanism (a login looks up only this; `state()` would
     /// copy every topic).
     pub fn scram_credential(

@@ -458,8 +458,8 @@ impl Cluster {
         let Command::FinishMove { group, replicas } = command else {
             return Err("not a FinishMove".into());
         };
-        match self.metadata_table.state().moves.get(group) {
-            Some(target) if target == replicas => Ok(()),
+        match self.metadata_table.move_target(group) {
+            Some(target) if target == *replicas => Ok(()),
             Some(target) => Err(format!(
                 "the move of {group} is to {target:?}, not {replicas:?}"
             )),
@@ -622,12 +622,7 @@ async fn wait_caught_up(
             tracing::info!(%group, node, elapsed = ?started.elapsed(), "move: learner caught up");
             return Ok(());
         }
-        let asked = cluster
-            .metadata_table
-            .state()
-            .moves
-            .get(&group[..])
-            .cloned();
+        let asked = cluster.metadata_table.move_target(group);
         if asked.as_deref() != Some(target) {
             // Cancelled (a learner that cannot catch up is the usual reason): the next
             // round drives the group to the new target.
