@@ -14,6 +14,7 @@
 //! * the log store hands openraft its vote uncommitted while the guard is set, so that a
 //!   damaged replica that led before is not restored as leader without an election.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -135,9 +136,12 @@ struct HealthInner {
     metrics: OnceLock<watch::Receiver<RaftMetrics<NodeId, EmptyNode>>>,
     /// Writes waiting for disk space now.
     full_waits: AtomicUsize,
-    /// Writes to the log or the vote file under way (written and not yet synced), and when
-    /// the oldest of them began.
-    writes: Mutex<(usize, Option<Instant>)>,
+    /// Writes to the log or the vote file under way (written and not yet synced): how many
+    /// began at each instant. Under load a replica's writes overlap (the next is written while
+    /// the previous is fsynced), so the oldest is tracked, not the start of the busy spell. At
+    /// most one per append queued for a flush (`log_store::flush::FLUSHES_PENDING_MAX`) and
+    /// the vote file's one save.
+    writes: Mutex<BTreeMap<Instant, usize>>,
 }
 
 /// One replica's health as its transport and its broker see it: the repair guard and whether
@@ -194,17 +198,20 @@ impl ReplicaHealth {
             .writes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .1
+            .keys()
+            .next()
+            .copied()
     }
 
     /// Marks a write (and its sync) under way until the mark is dropped.
     pub(crate) fn writing(&self) -> WriteMark {
+        let began = Instant::now();
         let mut w = self.inner.writes.lock().unwrap_or_else(|p| p.into_inner());
-        w.0 += 1;
-        if w.0 == 1 {
-            w.1 = Some(Instant::now());
+        *w.entry(began).or_insert(0) += 1;
+        WriteMark {
+            health: self.clone(),
+            began,
         }
-        WriteMark(self.clone())
     }
 
     pub(crate) fn full_wait_began(&self) {
@@ -217,20 +224,25 @@ impl ReplicaHealth {
 }
 
 /// A write under way ([`ReplicaHealth::writing`]) until dropped.
-pub(crate) struct WriteMark(ReplicaHealth);
+pub(crate) struct WriteMark {
+    health: ReplicaHealth,
+    began: Instant,
+}
 
 impl Drop for WriteMark {
     fn drop(&mut self) {
         let mut w = self
-            .0
+            .health
             .inner
             .writes
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        assert!(w.0 > 0, "a write mark dropped twice");
-        w.0 -= 1;
-        if w.0 == 0 {
-            w.1 = None;
+        let Some(n) = w.get_mut(&self.began) else {
+            panic!("a write mark dropped twice");
+        };
+        *n -= 1;
+        if *n == 0 {
+            w.remove(&self.began);
         }
     }
 }
@@ -357,6 +369,36 @@ mod tests {
 
     use super::*;
     use crate::types::Vote;
+
+    /// Overlapping writes (the next written while the previous is fsynced): the oldest one
+    /// still under way is what `writing_since` reports, not the start of the busy spell, so a
+    /// leader under steady load is never taken for one stuck in a write.
+    #[tokio::test(start_paused = true)]
+    async fn writing_since_is_the_oldest_write_still_under_way() {
+        let health = ReplicaHealth::default();
+        assert_eq!(health.writing_since(), None);
+        let t0 = Instant::now();
+        let first = health.writing();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let second = health.writing();
+        let also_second = health.writing();
+        assert_eq!(health.writing_since(), Some(t0));
+        drop(first);
+        let t1 = t0 + Duration::from_millis(10);
+        assert_eq!(health.writing_since(), Some(t1));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let third = health.writing();
+        drop(second);
+        assert_eq!(
+            health.writing_since(),
+            Some(t1),
+            "one write of t1 is still under way"
+        );
+        drop(also_second);
+        assert_eq!(health.writing_since(), Some(t1 + Duration::from_millis(10)));
+        drop(third);
+        assert_eq!(health.writing_since(), None);
+    }
 
     /// A link that answers every vote with a grant and counts what it was asked.
     #[derive(Clone, Default)]

@@ -5,13 +5,17 @@
 //! batches; a blank entry, a membership and a command are each one control batch. The term is
 //! stored in every batch, so a log id is read back from the log alone.
 //!
-//! Durability: `append` writes the entries and then awaits the fsync that covers them before
-//! it reports them flushed to openraft (a full disk is waited out: the entries are cut back and
-//! written again); `save_vote` and `truncate` return only after their fsync. A replica with
-//! peers also makes the segment header claim the new entries synced (one more small fsync)
-//! before it reports them flushed: recovery then tells damage to any entry it acknowledged from
-//! a torn write, so a damaged replica never votes before it is refilled. A single replica has
-//! nobody to refill it, so its claim follows a few milliseconds later, off the write path.
+//! Durability: `append` writes the entries and returns; a flusher reports them flushed to
+//! openraft once an fsync covers them (`flush.rs`: appends that come while a sync runs share
+//! the next one; a full disk is waited out, the entries cut back and written again). openraft
+//! waits for that report before a follower answers, and a leader counts its own entries
+//! toward a commit only then (Kiln's openraft patch), so a leader's write, its fsync and its
+//! followers' overlap. `save_vote`, `truncate` and `purge` return only after every earlier
+//! append is flushed and their own fsync. A replica with peers also makes the segment header
+//! claim the new entries synced (one more small fsync) before it reports them flushed:
+//! recovery then tells damage to any entry it acknowledged from a torn write, so a damaged
+//! replica never votes before it is refilled. A single replica has nobody to refill it, so its
+//! claim follows a few milliseconds later, off the write path.
 //!
 //! Reads: the most recent entries are kept in a bounded cache (replication to followers and
 //! applying read them right after they are written); older ones come from the segments. The
@@ -31,9 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use kiln_log::fs::Fs;
-use kiln_log::{
-    ControlKind, EntryBody, Log, LogError, NewEntry, ReadMode, StoredBody, StoredEntry,
-};
+use kiln_log::{ControlKind, Log, LogError, NewEntry, ReadMode, StoredBody, StoredEntry};
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{
     AnyError, CommittedLeaderId, EntryPayload, LogState, OptionalSend, RaftLogReader,
@@ -46,6 +48,9 @@ use crate::payload::{Command, Payload};
 use crate::record::{decode_membership, encode_membership, Reader, VoteState};
 use crate::types::{Entry, KilnRaft, LogId, StorageError, Vote};
 use crate::vote::{VoteFile, VoteRecovery};
+
+mod flush;
+use flush::{Body, Flushes, Pending, FLUSHES_PENDING_MAX};
 
 /// Bytes of recent entries one replica keeps in memory.
 pub const ENTRY_CACHE_BYTES_MAX: usize = 4 << 20;
@@ -164,6 +169,12 @@ pub(crate) struct Shared {
     claim_pending: AtomicBool,
     /// The group has peers: the header claim is made before an append is reported flushed.
     repairable: bool,
+    /// Appends written and not yet flushed (`flush.rs`).
+    flushes: Mutex<Flushes>,
+    /// Told when the flusher stops with nothing queued.
+    flushed: tokio::sync::Notify,
+    /// Held while entries are written: by `append`, and by the flusher writing them again.
+    write_gate: Mutex<()>,
 }
 
 /// The Raft log store of one replica (cheap to clone; clones share the log).
@@ -312,6 +323,9 @@ impl LogStore {
             cache: Mutex::new(Cache::default()),
             claim_pending: AtomicBool::new(false),
             repairable,
+            flushes: Mutex::new(Flushes::default()),
+            flushed: tokio::sync::Notify::new(),
+            write_gate: Mutex::new(()),
         };
         Ok((
             LogStore {
@@ -406,22 +420,173 @@ impl LogStore {
             .collect()
     }
 
-    /// Schedules a header claim a little later, unless one is pending (see the module docs).
-    fn schedule_claim(&self) {
-        if self.shared.claim_pending.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let shared = self.shared.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(kiln_log::HEADER_CLAIM_DELAY).await;
-            shared.claim_pending.store(false, Ordering::Release);
-            if shared.log.header_behind() {
-                if let Err(e) = shared.log.sync_header().await {
-                    tracing::warn!(dir = %shared.dir.display(), error = %e, "could not bring the segment header up to date");
+    /// What the log stores for each entry: its batches, or a control batch.
+    fn encode(&self, entries: &[Entry]) -> Result<Vec<Body>, StorageError> {
+        let mut kafka = self.shared.log.tail().next_kafka;
+        let mut bodies = Vec::with_capacity(entries.len());
+        for e in entries {
+            let (kind, bytes) = match &e.payload {
+                EntryPayload::Blank => (Some(ControlKind::Blank), Bytes::new()),
+                EntryPayload::Membership(m) => {
+                    let mut p = Vec::new();
+                    encode_membership(m, &mut p);
+                    (Some(ControlKind::Membership), Bytes::from(p))
                 }
-            }
-        });
+                EntryPayload::Normal(Payload::Command(c)) => {
+                    (Some(ControlKind::Command), Bytes::from(c.encode()))
+                }
+                EntryPayload::Normal(Payload::Records {
+                    batches,
+                    record_count,
+                    kafka_offset,
+                }) => {
+                    // Pair check: a replicated entry carries the offset its leader gave it; this
+                    // log must give it the same one.
+                    if let Some(k) = kafka_offset {
+                        if *k != kafka {
+                            let why = format!(
+                                "entry {} was written at Kafka offset {k} by its leader, this log would put it at {kafka}",
+                                e.log_id.index
+                            );
+                            return Err(StorageIOError::write_log_entry(
+                                e.log_id,
+                                io_err(Refused(why)),
+                            )
+                            .into());
+                        }
+                    }
+                    kafka += i64::from(*record_count);
+                    (None, batches.clone())
+                }
+                EntryPayload::Normal(Payload::Summary { .. }) => {
+                    let why = format!(
+                        "entry {} is a summary, which is never written",
+                        e.log_id.index
+                    );
+                    return Err(
+                        StorageIOError::write_log_entry(e.log_id, io_err(Refused(why))).into(),
+                    );
+                }
+            };
+            bodies.push(Body {
+                index: e.log_id.index,
+                term: e.log_id.leader_id.term,
+                kind,
+                bytes,
+            });
+        }
+        Ok(bodies)
     }
+
+    /// Caches `entries`, just written (under the write gate), as reads give them back: records
+    /// stamped with their offsets.
+    fn cache_written(&self, entries: Vec<Entry>, stored: Vec<Bytes>) {
+        debug_assert_eq!(entries.len(), stored.len());
+        let mut cache = lock(&self.shared.cache);
+        let mut kafka_at = self.shared.log.tail().next_kafka
+            - entries
+                .iter()
+                .map(|e| i64::from(payload_records(&e.payload)))
+                .sum::<i64>();
+        for (e, bytes) in entries.into_iter().zip(stored) {
+            let payload = match e.payload {
+                EntryPayload::Normal(Payload::Records { record_count, .. }) => {
+                    let p = EntryPayload::Normal(Payload::Records {
+                        batches: bytes,
+                        record_count,
+                        kafka_offset: Some(kafka_at),
+                    });
+                    kafka_at += i64::from(record_count);
+                    p
+                }
+                other => other,
+            };
+            cache.push(Entry {
+                log_id: e.log_id,
+                payload,
+            });
+        }
+    }
+
+    /// An append whose write met a full disk: once every earlier append is flushed, what of it
+    /// is not durable is cut back and written again, synced inline, until it fits. (A flush
+    /// behind may have synced the part written before the disk filled: that part stays.)
+    async fn append_when_full(&self, bodies: &[Body], now: i64) -> Result<(), LogError> {
+        flush::drain(&self.shared).await;
+        let first = bodies.first().map_or(0, |b| b.index);
+        lock(&self.shared.cache).truncate_from(first);
+        let log = self.shared.log.clone();
+        let what = self.shared.dir.display().to_string();
+        let strict_claim = self.shared.repairable;
+        retry_when_full(&what, &self.shared.health, || {
+            let log = log.clone();
+            async move {
+                log.rewind_unsynced()?;
+                let from = log.tail().next_index;
+                assert!(
+                    from >= first && from <= first + bodies.len() as u64,
+                    "after a full disk the log ends at {from}, outside the append of {first}.."
+                );
+                let news: Vec<NewEntry<'_>> = bodies
+                    .iter()
+                    .filter(|b| b.index >= from)
+                    .map(Body::new_entry)
+                    .collect();
+                let attempt = match log.append(&news, now) {
+                    Ok(_) => match log.sync().await {
+                        Ok(()) if strict_claim => log.sync_header().await,
+                        other => other,
+                    },
+                    Err(e) => Err(e),
+                };
+                if matches!(attempt, Err(LogError::DiskFull { .. })) {
+                    log.rewind_unsynced()?;
+                }
+                attempt
+            }
+        })
+        .await
+    }
+
+    /// Reports an append that was not queued for a flush: flushed, or failed.
+    fn answer(
+        &self,
+        result: Result<(), LogError>,
+        last: LogId,
+        callback: LogFlushed<KilnRaft>,
+    ) -> Result<(), StorageError> {
+        match result {
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
+                if !self.shared.repairable {
+                    schedule_claim(&self.shared);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(dir = %self.shared.dir.display(), error = %e, "appending to the Raft log failed");
+                callback.log_io_completed(Err(io::Error::other(e.to_string())));
+                Err(StorageIOError::write_log_entry(last, io_err(e)).into())
+            }
+        }
+    }
+}
+
+/// Schedules a header claim a little later, unless one is pending (see the module docs).
+fn schedule_claim(shared: &Arc<Shared>) {
+    if shared.claim_pending.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(kiln_log::HEADER_CLAIM_DELAY).await;
+        shared.claim_pending.store(false, Ordering::Release);
+        if shared.log.header_behind() {
+            if let Err(e) = shared.log.sync_header().await {
+                tracing::warn!(dir = %shared.dir.display(), error = %e, "could not bring the segment header up to date");
+            }
+        }
+    });
 }
 
 /// A data entry without its bytes.
@@ -554,134 +719,53 @@ impl RaftLogStorage<KilnRaft> for LogStore {
             callback.log_io_completed(Ok(()));
             return Ok(());
         };
-        // Encode first: what the log stores for each entry.
-        let mut kafka = self.shared.log.tail().next_kafka;
-        let mut bodies: Vec<(u64, u64, Option<ControlKind>, Bytes)> =
-            Vec::with_capacity(entries.len());
-        for e in &entries {
-            let (kind, bytes) = match &e.payload {
-                EntryPayload::Blank => (Some(ControlKind::Blank), Bytes::new()),
-                EntryPayload::Membership(m) => {
-                    let mut p = Vec::new();
-                    encode_membership(m, &mut p);
-                    (Some(ControlKind::Membership), Bytes::from(p))
-                }
-                EntryPayload::Normal(Payload::Command(c)) => {
-                    (Some(ControlKind::Command), Bytes::from(c.encode()))
-                }
-                EntryPayload::Normal(Payload::Records {
-                    batches,
-                    record_count,
-                    kafka_offset,
-                }) => {
-                    // Pair check: a replicated entry carries the offset its leader gave it; this
-                    // log must give it the same one.
-                    if let Some(k) = kafka_offset {
-                        if *k != kafka {
-                            let why = format!(
-                                "entry {} was written at Kafka offset {k} by its leader, this log would put it at {kafka}",
-                                e.log_id.index
-                            );
-                            return Err(StorageIOError::write_log_entry(
-                                e.log_id,
-                                io_err(Refused(why)),
-                            )
-                            .into());
-                        }
-                    }
-                    kafka += i64::from(*record_count);
-                    (None, batches.clone())
-                }
-                EntryPayload::Normal(Payload::Summary { .. }) => {
-                    let why = format!(
-                        "entry {} is a summary, which is never written",
-                        e.log_id.index
-                    );
-                    return Err(
-                        StorageIOError::write_log_entry(e.log_id, io_err(Refused(why))).into(),
-                    );
-                }
-            };
-            bodies.push((e.log_id.index, e.log_id.leader_id.term, kind, bytes));
-        }
-        let log = self.shared.log.clone();
-        let what = self.shared.dir.display().to_string();
-        let strict_claim = self.shared.repairable;
-        let writing = self.shared.health.writing();
-        let result = retry_when_full(&what, &self.shared.health, || {
-            let log = log.clone();
-            let bodies = &bodies;
-            async move {
-                let news: Vec<NewEntry<'_>> = bodies
-                    .iter()
-                    .map(|(index, term, kind, bytes)| NewEntry {
-                        index: *index,
-                        term: *term,
-                        body: match kind {
-                            Some(k) => EntryBody::Control(*k, bytes),
-                            None => EntryBody::Records(bytes),
-                        },
-                    })
-                    .collect();
-                let attempt = match log.append(&news, now_ms()) {
-                    Ok(stored) => match log.sync().await {
-                        Ok(()) if strict_claim => log.sync_header().await.map(|()| stored),
-                        Ok(()) => Ok(stored),
-                        Err(e) => Err(e),
-                    },
-                    Err(e) => Err(e),
-                };
-                if matches!(attempt, Err(LogError::DiskFull { .. })) {
-                    log.rewind_unsynced()?;
-                }
-                attempt
+        let bodies = match self.encode(&entries) {
+            Ok(b) => b,
+            Err(e) => {
+                callback.log_io_completed(Err(io::Error::other(e.to_string())));
+                return Err(e);
             }
-        })
-        .await;
-        drop(writing);
-        match result {
-            Ok(stored) => {
-                let mut cache = lock(&self.shared.cache);
-                // What was written, as reads give it back: records stamped with their offsets.
-                let mut kafka_at = self.shared.log.tail().next_kafka
-                    - entries
-                        .iter()
-                        .map(|e| i64::from(payload_records(&e.payload)))
-                        .sum::<i64>();
-                for (e, bytes) in entries.into_iter().zip(stored) {
-                    let payload = match e.payload {
-                        EntryPayload::Normal(Payload::Records { record_count, .. }) => {
-                            let p = EntryPayload::Normal(Payload::Records {
-                                batches: bytes,
-                                record_count,
-                                kafka_offset: Some(kafka_at),
-                            });
-                            kafka_at += i64::from(record_count);
-                            p
-                        }
-                        other => other,
+        };
+        let now = now_ms();
+        let writing = self.shared.health.writing();
+        let written = {
+            let _gate = lock(&self.shared.write_gate);
+            let news: Vec<NewEntry<'_>> = bodies.iter().map(Body::new_entry).collect();
+            match self.shared.log.append(&news, now) {
+                Ok(stored) => {
+                    self.cache_written(entries, stored);
+                    let p = Pending {
+                        bodies,
+                        now_ms: now,
+                        callback,
+                        writing,
                     };
-                    cache.push(Entry {
-                        log_id: e.log_id,
-                        payload,
-                    });
+                    Ok(flush::queue(&self.shared, p))
                 }
-                drop(cache);
-                callback.log_io_completed(Ok(()));
-                if !self.shared.repairable {
-                    self.schedule_claim();
+                Err(e) => Err((e, bodies, callback, writing)),
+            }
+        };
+        match written {
+            Ok(queued) => {
+                if queued > FLUSHES_PENDING_MAX {
+                    flush::drain(&self.shared).await;
                 }
                 Ok(())
             }
-            Err(e) => {
-                tracing::error!(dir = %self.shared.dir.display(), error = %e, "appending to the Raft log failed");
-                callback.log_io_completed(Err(io::Error::other(e.to_string())));
-                Err(StorageIOError::write_log_entry(last, io_err(e)).into())
+            Err((LogError::DiskFull { .. }, bodies, callback, writing)) => {
+                let result = self.append_when_full(&bodies, now).await;
+                drop(writing);
+                self.answer(result, last, callback)
+            }
+            Err((e, _, callback, writing)) => {
+                drop(writing);
+                self.answer(Err(e), last, callback)
             }
         }
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        flush::drain(&self.shared).await;
         let log = self.shared.log.clone();
         let what = self.shared.dir.display().to_string();
         retry_when_full(&what, &self.shared.health, || {
@@ -695,6 +779,7 @@ impl RaftLogStorage<KilnRaft> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        flush::drain(&self.shared).await;
         lock(&self.shared.cache).purge_through(log_id.index);
         self.shared
             .log

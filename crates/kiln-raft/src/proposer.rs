@@ -38,8 +38,9 @@ use crate::producers::{sequence_ahead, ProducerTable, Verdict};
 use crate::state_machine::StateMachine;
 use crate::types::Raft;
 
-/// Entries proposed and not yet committed, per partition. Two keep the leader's log busy
-/// (one being fsynced and replicated, the next one waiting) while the rest queue up here.
+/// Entries proposed and not yet committed, per partition: enough to keep the leader writing
+/// while earlier entries are fsynced and replicated, few enough that requests queue up here
+/// and join into large entries. (Measured: 2, 4, 8 and 16 give the same standalone throughput.)
 const ENTRIES_IN_FLIGHT: usize = 4;
 /// Longest wait, when a term starts, for everything before it to be applied.
 const TERM_START_WAIT: Duration = Duration::from_secs(5);
@@ -323,10 +324,9 @@ impl Run {
                     None => return,
                 },
             };
-            // openraft 0.9 appends and fsyncs one client write at a time. Proposing every
-            // request at once would give each its own entry and its own fsync; waiting for a
-            // free slot lets the requests that arrive meanwhile join the next entry (group
-            // commit).
+            // Proposing every request at once would give each its own entry (and each its own
+            // round of AppendEntries); waiting for a free slot lets the requests that arrive
+            // meanwhile join the next entry.
             let Ok(slot) = Arc::clone(&self.slots).acquire_owned().await else {
                 return;
             };

@@ -2,6 +2,7 @@ use crate::core::sm;
 use crate::raft::VoteResponse;
 use crate::replication;
 use crate::MessageSummary;
+use crate::LogId;
 use crate::RaftTypeConfig;
 use crate::Vote;
 
@@ -41,6 +42,14 @@ where C: RaftTypeConfig
 
     /// Result of executing a command sent from state machine worker.
     StateMachine { command_result: sm::CommandResult<C> },
+
+    /// Kiln patch: a leader's own append, written while the core went on, is flushed (or
+    /// failed). The leader of `vote` counts it toward its commits.
+    LocalLogFlushed {
+        vote: Vote<C::NodeId>,
+        log_id: Option<LogId<C::NodeId>>,
+        result: Result<(), String>,
+    },
 
     /// A tick event to wake up RaftCore to check timeout etc.
     Tick {
@@ -84,6 +93,9 @@ where C: RaftTypeConfig
             }
             Self::StateMachine { command_result } => {
                 format!("StateMachine command done: {:?}", command_result)
+            }
+            Self::LocalLogFlushed { vote, log_id, result } => {
+                format!("LocalLogFlushed: vote: {}, log_id: {:?}, result: {:?}", vote, log_id, result)
             }
             Self::Tick { i } => {
                 format!("Tick {}", i)

@@ -105,6 +105,10 @@ use crate::StorageError;
 use crate::StorageIOError;
 use crate::Vote;
 
+/// Kiln patch: client writes appended in one batch at most (see `process_raft_msg`). Bounds the
+/// work, and the bytes, one append covers; what is left waits for the next batch.
+const CLIENT_WRITES_PER_APPEND_MAX: usize = 64;
+
 /// A temp struct to hold the data for a node that is being applied.
 #[derive(Debug)]
 pub(crate) struct ApplyingEntry<NID: NodeId, N: Node> {
@@ -508,6 +512,32 @@ where
         true
     }
 
+    /// Kiln patch: appends several client writes in one batch, as [`Self::write_entry`] does
+    /// one; each write's responder waits for its own entry. Not the leader: every write is
+    /// answered with where to forward it.
+    pub(crate) fn write_entries(&mut self, writes: Vec<(C::Entry, ResponderOf<C>)>) {
+        let n = writes.len() as u64;
+        if n == 0 {
+            return;
+        }
+        let mut lh = match self.engine.leader_handler() {
+            Ok(lh) => lh,
+            Err(forward) => {
+                for (_, tx) in writes {
+                    tx.send(Err(forward.clone().into()));
+                }
+                return;
+            }
+        };
+        let (entries, txs): (Vec<_>, Vec<_>) = writes.into_iter().unzip();
+        lh.leader_append_entries(entries);
+        let last = lh.state.last_log_id().unwrap().index;
+        debug_assert!(last + 1 >= n, "{} entries appended up to index {}", n, last);
+        for (i, tx) in txs.into_iter().enumerate() {
+            self.client_resp_channels.insert(last + 1 - n + i as u64, tx);
+        }
+    }
+
     /// Send a heartbeat message to every followers/learners.
     ///
     /// Currently heartbeat is a blank log
@@ -728,6 +758,26 @@ where
             .map_err(|e| StorageIOError::write_logs(AnyError::error(e)))?
             .map_err(|e| StorageIOError::write_logs(AnyError::error(e)))?;
         Ok(())
+    }
+
+    /// Kiln patch: a leader appends its own entries without waiting for their flush; the
+    /// store reports it through the core's notification channel, in append order, and the
+    /// leader of `vote` then counts the entries as held by itself (Raft's parallel leader write,
+    /// Ongaro's thesis 10.2.1: a leader's own copy counts toward a majority only once durable,
+    /// like a follower's, but nothing waits for it before replication).
+    pub(crate) async fn append_to_log_behind<I>(
+        &mut self,
+        entries: I,
+        vote: Vote<C::NodeId>,
+        last_log_id: LogId<C::NodeId>,
+    ) -> Result<(), StorageError<C::NodeId>>
+    where
+        I: IntoIterator<Item = C::Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let log_io_id = LogIOId::new(vote.clone(), Some(last_log_id));
+        let callback = LogFlushed::notifying(log_io_id, vote, self.tx_notify.clone());
+        self.log_store.append(entries, callback).await
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -988,6 +1038,7 @@ where
     /// It returns the number of processed message.
     /// If the input channel is closed, it returns `Fatal::Stopped`.
     async fn process_raft_msg(&mut self, at_most: u64) -> Result<u64, Fatal<C::NodeId>> {
+        let mut writes = Vec::new();
         for i in 0..at_most {
             let res = self.rx_api.try_recv();
             let msg = match res {
@@ -995,6 +1046,10 @@ where
                 Err(e) => match e {
                     mpsc::error::TryRecvError::Empty => {
                         tracing::debug!("all RaftMsg are processed, wait for more");
+                        if !writes.is_empty() {
+                            self.write_entries(writes);
+                            self.run_engine_commands().await?;
+                        }
                         return Ok(i + 1);
                     }
                     mpsc::error::TryRecvError::Disconnected => {
@@ -1004,12 +1059,33 @@ where
                 },
             };
 
+            // Kiln patch: consecutive client writes are appended together (one `append`, so one
+            // fsync, for all of them) instead of one at a time. Any other message first has the
+            // writes before it appended, so messages still take effect in arrival order.
+            if let RaftMsg::ClientWriteRequest { app_data, tx } = msg {
+                writes.push((C::Entry::from_app_data(app_data), tx));
+                if writes.len() >= CLIENT_WRITES_PER_APPEND_MAX {
+                    self.write_entries(std::mem::take(&mut writes));
+                    self.run_engine_commands().await?;
+                }
+                continue;
+            }
+            if !writes.is_empty() {
+                self.write_entries(std::mem::take(&mut writes));
+                self.run_engine_commands().await?;
+            }
+
             self.handle_api_msg(msg).await;
 
             // TODO: does run_engine_commands() run too frequently?
             //       to run many commands in one shot, it is possible to batch more commands to gain
             //       better performance.
 
+            self.run_engine_commands().await?;
+        }
+
+        if !writes.is_empty() {
+            self.write_entries(writes);
             self.run_engine_commands().await?;
         }
 
@@ -1275,6 +1351,20 @@ where
                 if self.does_vote_match(&sender_vote, "HigherVote") {
                     // Rejected vote change is ok.
                     let _ = self.engine.vote_handler().update_vote(&higher);
+                }
+            }
+
+            Notify::LocalLogFlushed { vote, log_id, result } => {
+                if let Err(e) = result {
+                    let e = StorageIOError::write_logs(AnyError::error(e));
+                    return Err(Fatal::StorageError(e.into()));
+                }
+                // Appended by the leader of another term (this replica led, and no longer does,
+                // or leads again in a later term, whose own appends are flushed after these).
+                if self.engine.leader.as_ref().is_some_and(|l| l.vote == vote) {
+                    if let Ok(mut lh) = self.engine.leader_handler() {
+                        lh.replication_handler().update_local_progress(log_id);
+                    }
                 }
             }
 
@@ -1636,6 +1726,13 @@ where
             Command::AppendInputEntries { vote, entries } => {
                 let last_log_id = entries.last().unwrap().get_log_id().clone();
                 tracing::debug!("AppendInputEntries: {}", DisplaySlice::<_>(&entries),);
+
+                // Kiln patch: a leader's own entries go out to its followers while they are
+                // flushed, and it counts them once they are (`Notify::LocalLogFlushed`).
+                if self.engine.leader.as_ref().is_some_and(|l| l.vote == vote) {
+                    self.append_to_log_behind(entries, vote, last_log_id).await?;
+                    return Ok(None);
+                }
 
                 self.append_to_log(entries, vote, last_log_id.clone()).await?;
 
