@@ -12,8 +12,9 @@
 //! durable and every queued append is written again, byte for byte (same entries, offsets and
 //! time), before the next sync; the disk-full backoff is `full_disk.rs`'s.
 //!
-//! Invariants (asserted): the queue holds appends in log order, the first starting where the
-//! durable log ends; a successful sync covers every append queued before it began.
+//! Invariants (asserted): the queue holds appends in log order, the first not yet durable
+//! starting where the durable log ends (a sync never splits an append); a successful sync
+//! covers every append queued before it began.
 
 use std::collections::VecDeque;
 use std::io;
@@ -194,17 +195,19 @@ async fn run(shared: Arc<Shared>) {
 }
 
 /// After a sync met a full disk: cuts the log back to what is durable and writes every queued
-/// append again, with the bytes and offsets they had.
+/// append again, with the bytes and offsets they had. Appends the failed round made durable
+/// before it failed (the data fsynced, the header claim refused) stay as they are.
 fn write_again(shared: &Shared) -> Result<(), LogError> {
     let _gate = lock(&shared.write_gate);
     shared.log.rewind_unsynced()?;
     let f = lock(&shared.flushes);
-    let mut next = shared.log.tail().next_index;
-    for p in &f.queue {
+    let durable = shared.log.tail().next_index;
+    let mut next = durable;
+    for p in f.queue.iter().skip_while(|p| p.last_index() < durable) {
         assert_eq!(
             p.first_index(),
             next,
-            "the queued appends start where the durable log ends"
+            "the queued appends not durable start where the durable log ends (a sync never splits an append)"
         );
         let news: Vec<NewEntry<'_>> = p.bodies.iter().map(Body::new_entry).collect();
         shared.log.append(&news, p.now_ms)?;
@@ -241,17 +244,25 @@ mod tests {
         }
     }
 
-    /// SimFs whose log segments fail their next `fail_syncs` syncs with ENOSPC (a delayed
-    /// allocation failure: the bytes were written, the kernel could not place them).
+    /// SimFs whose log segments fail their next `fail_syncs` syncs (a delayed allocation
+    /// failure: the bytes were written, the kernel could not place them) and their next
+    /// `fail_writes` writes with ENOSPC.
     struct SyncsFail {
         sim: SimFs,
         fail_syncs: Arc<AtomicUsize>,
+        fail_writes: Arc<AtomicUsize>,
     }
 
     struct SyncsFailFile {
         inner: Arc<dyn FsFile>,
         segment: bool,
         fail_syncs: Arc<AtomicUsize>,
+        fail_writes: Arc<AtomicUsize>,
+    }
+
+    fn take(n: &AtomicUsize) -> bool {
+        n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1))
+            .is_ok()
     }
 
     impl FsFile for SyncsFailFile {
@@ -262,18 +273,17 @@ mod tests {
             self.inner.read_exact_at(buf, pos)
         }
         fn write_all_at(&self, bytes: &[u8], pos: u64) -> io::Result<()> {
+            if self.segment && take(&self.fail_writes) {
+                // ENOSPC
+                return Err(io::Error::from_raw_os_error(28));
+            }
             self.inner.write_all_at(bytes, pos)
         }
         fn set_len(&self, len: u64) -> io::Result<()> {
             self.inner.set_len(len)
         }
         fn sync(&self) -> SyncFuture {
-            let fail = self.segment
-                && self
-                    .fail_syncs
-                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1))
-                    .is_ok();
-            if fail {
+            if self.segment && take(&self.fail_syncs) {
                 // ENOSPC
                 return Box::pin(async { Err(io::Error::from_raw_os_error(28)) });
             }
@@ -299,6 +309,7 @@ mod tests {
                 inner: self.sim.open(path, create)?,
                 segment: path.extension().is_some_and(|e| e == "log"),
                 fail_syncs: self.fail_syncs.clone(),
+                fail_writes: self.fail_writes.clone(),
             }))
         }
         fn exists(&self, path: &Path) -> bool {
@@ -391,6 +402,7 @@ mod tests {
         let fs = SyncsFail {
             sim: sim.clone(),
             fail_syncs: fail_syncs.clone(),
+            fail_writes: Arc::new(AtomicUsize::new(0)),
         };
         let store = open(Arc::new(fs)).await;
         fail_syncs.store(2, Ordering::SeqCst);
@@ -413,5 +425,51 @@ mod tests {
         let store = open(Arc::new(crashed)).await;
         assert_eq!(store.shared.log.tail().next_index, 3);
         assert_holds(&store, &["value-a", "value-b", "value-c"]);
+    }
+
+    /// A round whose data fsync succeeded but whose header claim met a full disk: the append it
+    /// made durable stays (it is not written again over itself), the claim is made on the next
+    /// try, and the append is reported flushed once.
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_refused_after_the_data_is_synced_keeps_the_synced_append() {
+        let sim = SimFs::new(Duration::from_millis(5), SyncBehaviour::Honest);
+        let fail_writes = Arc::new(AtomicUsize::new(0));
+        let fs = SyncsFail {
+            sim: sim.clone(),
+            fail_syncs: Arc::new(AtomicUsize::new(0)),
+            fail_writes: fail_writes.clone(),
+        };
+        let store = open(Arc::new(fs)).await;
+        let mut writer = store.clone();
+        let append =
+            tokio::spawn(async move { writer.blocking_append([entry(0, "value-a")]).await });
+        // The entry is written and its data fsync is under way (5 ms): the next segment write
+        // is the header claim that follows it.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(store.shared.log.tail().next_index, 1, "written");
+        assert_eq!(
+            store.shared.log.durable_tail().next_index,
+            0,
+            "not synced yet"
+        );
+        fail_writes.store(1, Ordering::SeqCst);
+        // A flusher that panics never reports the append: fail rather than hang.
+        tokio::time::timeout(Duration::from_secs(10), append)
+            .await
+            .expect("the append is reported flushed")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            fail_writes.load(Ordering::SeqCst),
+            0,
+            "the claim was refused once"
+        );
+        assert_eq!(store.shared.log.durable_tail().next_index, 1);
+        assert!(
+            !store.shared.log.header_behind(),
+            "the claim was made after all"
+        );
+        assert_holds(&store, &["value-a"]);
+        assert!(lock(&store.shared.flushes).queue.is_empty());
     }
 }
