@@ -46,10 +46,10 @@ pub fn fill(args: &FillArgs) -> anyhow::Result<()> {
     loop {
         let index = log.tail().next_index;
         log.append(
-            &[NewEntry {
+            &mut [NewEntry {
                 index,
                 term: 1,
-                body: EntryBody::Records(&batch),
+                body: EntryBody::Records(batch.clone()),
             }],
             0,
         )?;

@@ -450,6 +450,33 @@ pub fn validate_batches(buf: &[u8]) -> Result<Vec<Batch<'_>>, LogError> {
     Ok(out)
 }
 
+/// The structure of a buffer of producer batches whose CRCs were checked already
+/// ([`validate_batches`]): every header checked again, the batches covering the buffer exactly,
+/// none a control batch. Returns each batch's position and record count, in order.
+pub fn structure(buf: &[u8]) -> Result<Vec<(usize, u32)>, LogError> {
+    if buf.is_empty() {
+        return Err(invalid(0, "no record batches"));
+    }
+    let mut out = Vec::new();
+    for batch in batches(buf) {
+        let batch = batch?;
+        if batch.header.is_control() {
+            return Err(invalid(
+                batch.position,
+                "control batches are written by the broker only",
+            ));
+        }
+        let records = u32::try_from(batch.header.record_count).map_err(|_| {
+            invalid(
+                batch.position,
+                format!("negative record count {}", batch.header.record_count),
+            )
+        })?;
+        out.push((batch.position, records));
+    }
+    Ok(out)
+}
+
 /// Counts the records of already validated batches.
 pub fn count_records(buf: &[u8]) -> Result<u32, LogError> {
     let mut n: u32 = 0;

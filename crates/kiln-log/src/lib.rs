@@ -8,13 +8,15 @@
 //! Kafka offset and Raft index, `<first index>.timeindex` a sparse time index; both are read on
 //! demand, never held in memory.
 //!
-//! All file I/O goes through [`fs::Fs`], real or simulated ([`sim_fs`]); the real one keeps at
-//! most a bounded number of descriptors open, process-wide ([`fds`]). This crate has no
-//! networking; `stats` times every fsync for the broker's metrics.
+//! All file I/O goes through [`fs::Fs`], real or simulated ([`sim_fs`]; [`faulty_fs`] fails on
+//! command, for tests of full disks); the real one keeps at most a bounded number of
+//! descriptors open, process-wide ([`fds`]). This crate has no networking; `stats` times every
+//! fsync for the broker's metrics.
 
 pub mod batch;
 mod config;
 mod error;
+pub mod faulty_fs;
 pub mod fds;
 pub mod fs;
 pub mod header;

@@ -41,21 +41,24 @@ use crate::segment::{self, Segment};
 use crate::{LogConfig, LogError};
 
 /// What an entry to append holds.
-#[derive(Debug, Clone, Copy)]
-pub enum EntryBody<'a> {
-    /// One or more producer batches, validated by the caller (`batch::validate_batches`); the
-    /// log stamps their offsets and term.
-    Records(&'a [u8]),
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryBody {
+    /// One or more producer batches, validated by the caller (`batch::validate_batches`: every
+    /// header and CRC); the log checks their headers again (and, in debug builds, their CRCs)
+    /// and stamps their offsets and term. In place when the log holds the only reference to
+    /// the bytes, on a copy otherwise: a producer's records are copied into memory once, on
+    /// their way from the socket to the disk.
+    Records(Bytes),
     /// A Raft-only entry, stored as one control batch.
-    Control(ControlKind, &'a [u8]),
+    Control(ControlKind, Bytes),
 }
 
 /// One entry to append at `index`, written in `term`.
-#[derive(Debug, Clone, Copy)]
-pub struct NewEntry<'a> {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewEntry {
     pub index: u64,
     pub term: u64,
-    pub body: EntryBody<'a>,
+    pub body: EntryBody,
 }
 
 /// How much of an entry [`Log::read_entries`] returns.
@@ -418,14 +421,15 @@ impl Log {
     }
 
     /// Stamps and writes `entries` (indexes consecutive from the tail, terms not decreasing)
-    /// after the tail, without an fsync, and returns each entry's bytes as stored. On an error
-    /// nothing of the failed entry is visible; earlier entries of the call may be:
-    /// [`Log::rewind_unsynced`] cuts back to the last sync.
-    pub fn append(&self, entries: &[NewEntry<'_>], now_ms: i64) -> Result<Vec<Bytes>, LogError> {
+    /// after the tail, without an fsync, and returns each entry's bytes as stored. Records are
+    /// stamped in place, so afterwards `entries` hold them as stored (which append again the
+    /// same way, byte for byte). On an error nothing of the failed entry is visible; earlier
+    /// entries of the call may be: [`Log::rewind_unsynced`] cuts back to the last sync.
+    pub fn append(&self, entries: &mut [NewEntry], now_ms: i64) -> Result<Vec<Bytes>, LogError> {
         self.check_poison()?;
         let mut stored = Vec::with_capacity(entries.len());
         let mut st = lock(&self.inner.append);
-        for entry in entries {
+        for entry in entries.iter_mut() {
             let end = st.active.end();
             if entry.index != end.next_index {
                 return Err(LogError::OutOfOrder(format!(
@@ -439,12 +443,13 @@ impl Log {
                     entry.index, entry.term, end.last_term
                 )));
             }
+            let (index, term) = (entry.index, entry.term);
             let (bytes, records) = stamp(entry, end.next_kafka, now_ms)?;
             if self.should_roll(&st, bytes.len() as u64, records, now_ms) {
                 self.roll(&mut st)?;
             }
-            self.write_entry(&mut st, entry, &bytes, records, now_ms)?;
-            stored.push(Bytes::from(bytes));
+            self.write_entry(&mut st, index, term, &bytes, records, now_ms)?;
+            stored.push(bytes);
         }
         Ok(stored)
     }
@@ -497,7 +502,8 @@ impl Log {
     fn write_entry(
         &self,
         st: &mut AppendState,
-        entry: &NewEntry<'_>,
+        index: u64,
+        term: u64,
         bytes: &[u8],
         records: u64,
         now_ms: i64,
@@ -514,7 +520,7 @@ impl Log {
             }
             return Err(LogError::io("write segment", &seg.path)(e));
         }
-        let rel_index = entry.index - seg.base_index;
+        let rel_index = index - seg.base_index;
         let mut at = 0usize;
         let mut first = true;
         for b in batch::batches(bytes) {
@@ -540,9 +546,9 @@ impl Log {
         }
         seg.set_end(Mark {
             len: end.len + bytes.len() as u64,
-            next_index: entry.index + 1,
+            next_index: index + 1,
             next_kafka: end.next_kafka + records as i64,
-            last_term: entry.term,
+            last_term: term,
         });
         Ok(())
     }
@@ -1243,7 +1249,7 @@ pub const HEADER_CLAIM_DELAY: Duration = Duration::from_millis(5);
 
 /// The stored bytes of `entry`, whose first record takes Kafka offset `kafka`, and the Kafka
 /// offsets it takes.
-fn stamp(entry: &NewEntry<'_>, kafka: i64, now_ms: i64) -> Result<(Vec<u8>, u64), LogError> {
+fn stamp(entry: &mut NewEntry, kafka: i64, now_ms: i64) -> Result<(Bytes, u64), LogError> {
     let term = u32::try_from(entry.term)
         .map_err(|_| LogError::OutOfOrder(format!("term {} too large", entry.term)))?;
     if kafka > batch::STORED_OFFSET_MAX {
@@ -1252,36 +1258,62 @@ fn stamp(entry: &NewEntry<'_>, kafka: i64, now_ms: i64) -> Result<(Vec<u8>, u64)
             batch::STORED_OFFSET_MAX
         )));
     }
-    match entry.body {
+    match &mut entry.body {
         EntryBody::Control(kind, payload) => {
-            let mut b = batch::encode_control_batch(kafka, term | ENTRY_END, now_ms, kind, payload);
+            let mut b =
+                batch::encode_control_batch(kafka, term | ENTRY_END, now_ms, *kind, payload);
             batch::stamp_stored(&mut b, kafka, term | ENTRY_END);
-            Ok((b, 0))
+            Ok((Bytes::from(b), 0))
         }
         EntryBody::Records(buf) => {
-            let found = batch::validate_batches(buf)?;
-            let mut owned = buf.to_vec();
-            let mut next = kafka;
-            let last = found.len().saturating_sub(1);
-            for (i, b) in found.iter().enumerate() {
-                let Some(rest) = owned.get_mut(b.position..) else {
-                    return Err(LogError::InvalidBatch {
-                        position: b.position,
-                        reason: "batch outside the buffer".into(),
-                    });
-                };
-                let field = if i == last { term | ENTRY_END } else { term };
-                if next > batch::STORED_OFFSET_MAX || !batch::stamp_stored(rest, next, field) {
-                    return Err(LogError::OutOfOrder(format!(
-                        "Kafka offset {next} is past the largest a log stores ({})",
-                        batch::STORED_OFFSET_MAX
-                    )));
-                }
-                next += i64::from(b.header.record_count);
-            }
-            Ok((owned, (next - kafka) as u64))
+            // (position, records) of each batch: the headers are checked here, the CRCs were
+            // checked by the caller (the contract of `EntryBody::Records`; checking a CRC again
+            // costs a pass over every byte on the produce path).
+            let found = batch::structure(buf)?;
+            debug_assert!(
+                batch::validate_batches(buf).is_ok(),
+                "records appended without their CRCs checked"
+            );
+            let mut owned = std::mem::take(buf)
+                .try_into_mut()
+                .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
+            // Stamping only writes fields outside the CRC and is a function of (offset, term,
+            // length, CRC), so stamped records can be appended again and come out the same.
+            let stamped = stamp_records(&mut owned, &found, kafka, term);
+            *buf = owned.freeze();
+            let records = stamped?;
+            Ok((buf.clone(), records))
         }
     }
+}
+
+/// Stamps each batch of `owned` (positions and record counts in `found`) for an entry whose
+/// first record takes Kafka offset `kafka`. Returns the entry's record count.
+fn stamp_records(
+    owned: &mut [u8],
+    found: &[(usize, u32)],
+    kafka: i64,
+    term: u32,
+) -> Result<u64, LogError> {
+    let mut next = kafka;
+    let last = found.len().saturating_sub(1);
+    for (i, &(position, records)) in found.iter().enumerate() {
+        let Some(rest) = owned.get_mut(position..) else {
+            return Err(LogError::InvalidBatch {
+                position,
+                reason: "batch outside the buffer".into(),
+            });
+        };
+        let field = if i == last { term | ENTRY_END } else { term };
+        if next > batch::STORED_OFFSET_MAX || !batch::stamp_stored(rest, next, field) {
+            return Err(LogError::OutOfOrder(format!(
+                "Kafka offset {next} is past the largest a log stores ({})",
+                batch::STORED_OFFSET_MAX
+            )));
+        }
+        next += i64::from(records);
+    }
+    Ok((next - kafka) as u64)
 }
 
 /// Reads the entry starting at the walker's position (the walker ends past it).

@@ -86,16 +86,16 @@ fn batches_from_a_kafka_codec_round_trip() {
         let mut entries = vec![NewEntry {
             index,
             term: TERM,
-            body: EntryBody::Records(&buf),
+            body: EntryBody::Records(buf.into()),
         }];
         if i % 4 == 1 {
             entries.push(NewEntry {
                 index: index + 1,
                 term: TERM,
-                body: EntryBody::Control(ControlKind::Blank, &[]),
+                body: EntryBody::Control(ControlKind::Blank, Bytes::new()),
             });
         }
-        log.append(&entries, 0).unwrap();
+        log.append(&mut entries, 0).unwrap();
     }
     let mut served = Vec::new();
     let mut offset = 0;

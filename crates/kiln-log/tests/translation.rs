@@ -193,27 +193,29 @@ fn out_of_order_appends_are_refused() {
     let bad_index = kiln_log::NewEntry {
         index: 5,
         term: 2,
-        body: kiln_log::EntryBody::Records(&body),
+        body: kiln_log::EntryBody::Records(body.clone().into()),
     };
     assert!(matches!(
-        log.append(&[bad_index], 0),
+        log.append(&mut [bad_index], 0),
         Err(LogError::OutOfOrder(_))
     ));
     let old_term = kiln_log::NewEntry {
         index: 1,
         term: 1,
-        body: kiln_log::EntryBody::Records(&body),
+        body: kiln_log::EntryBody::Records(body.clone().into()),
     };
     assert!(matches!(
-        log.append(&[old_term], 0),
+        log.append(&mut [old_term], 0),
         Err(LogError::OutOfOrder(_))
     ));
     let garbage = kiln_log::NewEntry {
         index: 1,
         term: 2,
-        body: kiln_log::EntryBody::Records(b"not a batch at all, not even close to one.......!"),
+        body: kiln_log::EntryBody::Records(bytes::Bytes::from_static(
+            b"not a batch at all, not even close to one.......!",
+        )),
     };
-    assert!(log.append(&[garbage], 0).is_err());
+    assert!(log.append(&mut [garbage], 0).is_err());
     assert_eq!(log.tail().next_index, 1);
 }
 
@@ -286,4 +288,60 @@ proptest! {
         let (log, _) = open_real(dir.path(), small_config());
         prop_assert_eq!(entries(&log), before);
     }
+}
+
+/// Records the log holds the only reference to are stamped where they lie (no copy); records
+/// someone else still holds are stamped on a copy, so the other holder never sees them change.
+/// Either way the entry afterwards holds the records as stored, and appending those again (after
+/// a rewind) writes the same bytes.
+#[test]
+fn records_are_stamped_in_place_only_when_the_log_holds_them_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = open_real(dir.path(), small_config());
+    let unique = bytes::Bytes::from(batch_of(3, 10, 1, 0));
+    let unique_at = unique.as_ptr();
+    let mut entries = [kiln_log::NewEntry {
+        index: 0,
+        term: 1,
+        body: kiln_log::EntryBody::Records(unique),
+    }];
+    let stored = log.append(&mut entries, 0).unwrap();
+    assert_eq!(stored[0].as_ptr(), unique_at, "stamped in place");
+    assert_eq!(
+        entries[0].body,
+        kiln_log::EntryBody::Records(stored[0].clone())
+    );
+
+    let plain = batch_of(2, 10, 2, 0);
+    let kept = bytes::Bytes::from(plain.clone());
+    let mut entries = [kiln_log::NewEntry {
+        index: 1,
+        term: 1,
+        body: kiln_log::EntryBody::Records(kept.clone()),
+    }];
+    let stored = log.append(&mut entries, 0).unwrap();
+    assert_eq!(
+        kept.as_ref(),
+        plain.as_slice(),
+        "another holder's bytes are untouched"
+    );
+    assert_ne!(stored[0].as_ptr(), kept.as_ptr());
+    assert_ne!(
+        stored[0].as_ref(),
+        plain.as_slice(),
+        "the stored copy is stamped"
+    );
+
+    // Written again from the stamped form: byte for byte the same.
+    let before = log
+        .read_entries(1, 2, usize::MAX, kiln_log::ReadMode::Full)
+        .unwrap();
+    log.truncate_from(1).unwrap();
+    let again = log.append(&mut entries, 0).unwrap();
+    assert_eq!(again[0], stored[0]);
+    let after = log
+        .read_entries(1, 2, usize::MAX, kiln_log::ReadMode::Full)
+        .unwrap();
+    assert_eq!(format!("{before:?}"), format!("{after:?}"));
+    assert_eq!(log.tail().next_kafka, 5);
 }

@@ -57,16 +57,16 @@ pub fn write_single_replica_group(
     encode_membership(&membership, &mut m);
     let now = crate::log_store::now_ms();
     log.append(
-        &[
+        &mut [
             NewEntry {
                 index: 0,
                 term: 0,
-                body: EntryBody::Control(ControlKind::Membership, &m),
+                body: EntryBody::Control(ControlKind::Membership, Bytes::from(m)),
             },
             NewEntry {
                 index: 1,
                 term: 1,
-                body: EntryBody::Control(ControlKind::Blank, &[]),
+                body: EntryBody::Control(ControlKind::Blank, Bytes::new()),
             },
         ],
         now,
@@ -76,26 +76,21 @@ pub fn write_single_replica_group(
     let mut written = 0u64;
     let mut chunk: Vec<(u64, Payload)> = Vec::with_capacity(ENTRIES_PER_APPEND);
     let flush = |chunk: &mut Vec<(u64, Payload)>| -> io::Result<()> {
-        let bodies: Vec<(u64, Option<ControlKind>, Bytes)> = chunk
+        let mut entries: Vec<NewEntry> = chunk
             .drain(..)
-            .map(|(i, p)| match p {
-                Payload::Records { batches, .. } => (i, None, batches),
-                Payload::Command(c) => (i, Some(ControlKind::Command), Bytes::from(c.encode())),
-                Payload::Summary { .. } => (i, None, Bytes::new()),
-            })
-            .collect();
-        let entries: Vec<NewEntry<'_>> = bodies
-            .iter()
-            .map(|(i, kind, b)| NewEntry {
-                index: *i,
+            .map(|(index, p)| NewEntry {
+                index,
                 term: 1,
-                body: match kind {
-                    Some(k) => EntryBody::Control(*k, b),
-                    None => EntryBody::Records(b),
+                body: match p {
+                    Payload::Records { batches, .. } => EntryBody::Records(batches),
+                    Payload::Command(c) => {
+                        EntryBody::Control(ControlKind::Command, Bytes::from(c.encode()))
+                    }
+                    Payload::Summary { .. } => EntryBody::Records(Bytes::new()),
                 },
             })
             .collect();
-        log.append(&entries, now).map_err(io::Error::other)?;
+        log.append(&mut entries, now).map_err(io::Error::other)?;
         Ok(())
     };
     for p in payloads {

@@ -165,63 +165,18 @@ where
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::path::Path;
     use std::sync::Mutex;
 
-    use super::*;
-    use kiln_log::fs::{Fs, SyncFuture};
+    use kiln_log::faulty_fs::{Faults, FaultyFile};
+    use kiln_log::fs::Fs;
     use kiln_log::sim_fs::{SimFs, SyncBehaviour};
-    use std::path::Path;
+
+    use super::*;
 
     /// Linux's ENOSPC and EDQUOT.
     const ENOSPC: i32 = 28;
     const EDQUOT: i32 = 122;
-
-    /// A simulated file whose first `fail_appends` writes and first `fail_syncs` syncs fail
-    /// with `error` (a sync failure after the bytes were written, as a delayed allocation
-    /// failure shows up).
-    struct Failing {
-        inner: Arc<dyn FsFile>,
-        error: i32,
-        fail_appends: AtomicUsize,
-        fail_syncs: AtomicUsize,
-    }
-
-    fn take(n: &AtomicUsize) -> bool {
-        n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1))
-            .is_ok()
-    }
-
-    impl FsFile for Failing {
-        fn len(&self) -> io::Result<u64> {
-            self.inner.len()
-        }
-        fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> io::Result<()> {
-            self.inner.read_exact_at(buf, pos)
-        }
-        fn write_all_at(&self, bytes: &[u8], pos: u64) -> io::Result<()> {
-            if take(&self.fail_appends) {
-                return Err(io::Error::from_raw_os_error(self.error));
-            }
-            self.inner.write_all_at(bytes, pos)
-        }
-        fn set_len(&self, len: u64) -> io::Result<()> {
-            self.inner.set_len(len)
-        }
-        fn sync(&self) -> SyncFuture {
-            if take(&self.fail_syncs) {
-                let e = self.error;
-                return Box::pin(async move { Err(io::Error::from_raw_os_error(e)) });
-            }
-            self.inner.sync()
-        }
-        fn sync_now(&self) -> io::Result<()> {
-            self.inner.sync_now()
-        }
-        fn describe(&self) -> String {
-            "/data/orders-0/vote".to_string()
-        }
-    }
 
     /// A file holding "synced:" and the simulated file system behind it.
     fn failing(
@@ -230,17 +185,14 @@ mod tests {
         syncs: usize,
     ) -> (Arc<dyn FsFile>, Arc<dyn FsFile>, SimFs) {
         let fs = SimFs::new(Duration::from_millis(1), SyncBehaviour::Honest);
-        fs.create_dir_all(Path::new("/d")).unwrap();
-        let inner = fs.open(Path::new("/d/f"), true).unwrap();
+        fs.create_dir_all(Path::new("/data/orders-0")).unwrap();
+        let inner = fs.open(Path::new("/data/orders-0/vote"), true).unwrap();
         inner.write_all_at(b"synced:", 0).unwrap();
         inner.sync_now().unwrap();
-        let file = Failing {
-            inner: inner.clone(),
-            error,
-            fail_appends: AtomicUsize::new(appends),
-            fail_syncs: AtomicUsize::new(syncs),
-        };
-        (Arc::new(file), inner, fs)
+        let faults = Faults::new(error);
+        faults.fail_writes(appends);
+        faults.fail_syncs(syncs);
+        (Arc::new(FaultyFile::new(inner.clone(), faults)), inner, fs)
     }
 
     fn contents(f: &Arc<dyn FsFile>) -> Vec<u8> {
@@ -321,7 +273,7 @@ mod tests {
         assert_eq!(errors.len(), 1, "{lines:?}");
         assert_eq!(
             errors[0].1,
-            "disk full writing /data/orders-0/vote: waiting for space"
+            "disk full writing /data/orders-0/vote (simulated): waiting for space"
         );
         let infos: Vec<_> = lines
             .iter()

@@ -35,7 +35,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use kiln_log::fs::Fs;
-use kiln_log::{ControlKind, Log, LogError, NewEntry, ReadMode, StoredBody, StoredEntry};
+use kiln_log::{
+    ControlKind, EntryBody, Log, LogError, NewEntry, ReadMode, StoredBody, StoredEntry,
+};
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{
     AnyError, CommittedLeaderId, EntryPayload, LogState, OptionalSend, RaftLogReader,
@@ -50,7 +52,7 @@ use crate::types::{Entry, KilnRaft, LogId, StorageError, Vote};
 use crate::vote::{VoteFile, VoteRecovery};
 
 mod flush;
-use flush::{Body, Flushes, Pending, FLUSHES_PENDING_MAX};
+use flush::{Flushes, Pending, FLUSHES_PENDING_MAX};
 
 /// Bytes of recent entries one replica keeps in memory.
 pub const ENTRY_CACHE_BYTES_MAX: usize = 4 << 20;
@@ -420,20 +422,22 @@ impl LogStore {
             .collect()
     }
 
-    /// What the log stores for each entry: its batches, or a control batch.
-    fn encode(&self, entries: &[Entry]) -> Result<Vec<Body>, StorageError> {
+    /// What the log stores for each entry: its batches, or a control batch. A data entry's
+    /// bytes move out of `entries` (so the log, holding their only reference, stamps them in
+    /// place); [`LogStore::cache_written`] puts them back as stored.
+    fn encode(&self, entries: &mut [Entry]) -> Result<Vec<NewEntry>, StorageError> {
         let mut kafka = self.shared.log.tail().next_kafka;
-        let mut bodies = Vec::with_capacity(entries.len());
+        let mut news = Vec::with_capacity(entries.len());
         for e in entries {
-            let (kind, bytes) = match &e.payload {
-                EntryPayload::Blank => (Some(ControlKind::Blank), Bytes::new()),
+            let body = match &mut e.payload {
+                EntryPayload::Blank => EntryBody::Control(ControlKind::Blank, Bytes::new()),
                 EntryPayload::Membership(m) => {
                     let mut p = Vec::new();
                     encode_membership(m, &mut p);
-                    (Some(ControlKind::Membership), Bytes::from(p))
+                    EntryBody::Control(ControlKind::Membership, Bytes::from(p))
                 }
                 EntryPayload::Normal(Payload::Command(c)) => {
-                    (Some(ControlKind::Command), Bytes::from(c.encode()))
+                    EntryBody::Control(ControlKind::Command, Bytes::from(c.encode()))
                 }
                 EntryPayload::Normal(Payload::Records {
                     batches,
@@ -456,7 +460,7 @@ impl LogStore {
                         }
                     }
                     kafka += i64::from(*record_count);
-                    (None, batches.clone())
+                    EntryBody::Records(std::mem::take(batches))
                 }
                 EntryPayload::Normal(Payload::Summary { .. }) => {
                     let why = format!(
@@ -468,14 +472,13 @@ impl LogStore {
                     );
                 }
             };
-            bodies.push(Body {
+            news.push(NewEntry {
                 index: e.log_id.index,
                 term: e.log_id.leader_id.term,
-                kind,
-                bytes,
+                body,
             });
         }
-        Ok(bodies)
+        Ok(news)
     }
 
     /// Caches `entries`, just written (under the write gate), as reads give them back: records
@@ -511,9 +514,9 @@ impl LogStore {
     /// An append whose write met a full disk: once every earlier append is flushed, what of it
     /// is not durable is cut back and written again, synced inline, until it fits. (A flush
     /// behind may have synced the part written before the disk filled: that part stays.)
-    async fn append_when_full(&self, bodies: &[Body], now: i64) -> Result<(), LogError> {
+    async fn append_when_full(&self, news: &[NewEntry], now: i64) -> Result<(), LogError> {
         flush::drain(&self.shared).await;
-        let first = bodies.first().map_or(0, |b| b.index);
+        let first = news.first().map_or(0, |e| e.index);
         lock(&self.shared.cache).truncate_from(first);
         let log = self.shared.log.clone();
         let what = self.shared.dir.display().to_string();
@@ -524,15 +527,12 @@ impl LogStore {
                 log.rewind_unsynced()?;
                 let from = log.tail().next_index;
                 assert!(
-                    from >= first && from <= first + bodies.len() as u64,
+                    from >= first && from <= first + news.len() as u64,
                     "after a full disk the log ends at {from}, outside the append of {first}.."
                 );
-                let news: Vec<NewEntry<'_>> = bodies
-                    .iter()
-                    .filter(|b| b.index >= from)
-                    .map(Body::new_entry)
-                    .collect();
-                let attempt = match log.append(&news, now) {
+                let mut rest: Vec<NewEntry> =
+                    news.iter().filter(|e| e.index >= from).cloned().collect();
+                let attempt = match log.append(&mut rest, now) {
                     Ok(_) => match log.sync().await {
                         Ok(()) if strict_claim => log.sync_header().await,
                         other => other,
@@ -730,12 +730,12 @@ impl RaftLogStorage<KilnRaft> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let entries: Vec<Entry> = entries.into_iter().collect();
+        let mut entries: Vec<Entry> = entries.into_iter().collect();
         let Some(last) = entries.last().map(|e| e.log_id) else {
             callback.log_io_completed(Ok(()));
             return Ok(());
         };
-        let bodies = match self.encode(&entries) {
+        let mut news = match self.encode(&mut entries) {
             Ok(b) => b,
             Err(e) => {
                 callback.log_io_completed(Err(io::Error::other(e.to_string())));
@@ -746,19 +746,18 @@ impl RaftLogStorage<KilnRaft> for LogStore {
         let writing = self.shared.health.writing();
         let written = {
             let _gate = lock(&self.shared.write_gate);
-            let news: Vec<NewEntry<'_>> = bodies.iter().map(Body::new_entry).collect();
-            match self.shared.log.append(&news, now) {
+            match self.shared.log.append(&mut news, now) {
                 Ok(stored) => {
                     self.cache_written(entries, stored);
                     let p = Pending {
-                        bodies,
+                        entries: news,
                         now_ms: now,
                         callback,
                         writing,
                     };
                     Ok(flush::queue(&self.shared, p))
                 }
-                Err(e) => Err((e, bodies, callback, writing)),
+                Err(e) => Err((e, news, callback, writing)),
             }
         };
         match written {
@@ -768,8 +767,8 @@ impl RaftLogStorage<KilnRaft> for LogStore {
                 }
                 Ok(())
             }
-            Err((LogError::DiskFull { .. }, bodies, callback, writing)) => {
-                let result = self.append_when_full(&bodies, now).await;
+            Err((LogError::DiskFull { .. }, news, callback, writing)) => {
+                let result = self.append_when_full(&news, now).await;
                 drop(writing);
                 self.answer(result, last, callback)
             }

@@ -570,14 +570,17 @@ impl Run {
 
     async fn write(
         &mut self,
-        group: Vec<Proposal>,
+        mut group: Vec<Proposal>,
         size: usize,
         slot: tokio::sync::OwnedSemaphorePermit,
     ) {
-        let payload = match &group[0].what {
+        let single = group.len() == 1;
+        let payload = match &mut group[0].what {
             What::Command(c) => Payload::Command(*c),
-            What::Records { batches, .. } if group.len() == 1 => {
-                Payload::records(batches.clone(), group[0].records())
+            // Moved, not cloned: the log stamps the records in place when it holds their only
+            // reference (the proposal needs only its record count from here on).
+            What::Records { batches, records } if single => {
+                Payload::records(std::mem::take(batches), *records)
             }
             What::Records { .. } => {
                 let mut joined = BytesMut::with_capacity(size);

@@ -10,7 +10,6 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::process::Command;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,7 +46,7 @@ async fn a_follower_with_a_full_disk_falls_behind_and_catches_up() {
     append_all(&leader, 0..10, &mut acked).await;
 
     let follower = brokers.iter().find(|b| b.id != leader.id()).unwrap();
-    follower.full.store(true, Ordering::SeqCst);
+    follower.faults.set_full(true);
     // The leader and the other follower still make a majority.
     append_all(&leader, 10..40, &mut acked).await;
     wait_until("the follower to report a full disk", || {
@@ -57,7 +56,7 @@ async fn a_follower_with_a_full_disk_falls_behind_and_catches_up() {
     assert!(follower.replica.high_watermark() < 40);
     assert!(!leader.disk_full());
 
-    follower.full.store(false, Ordering::SeqCst);
+    follower.faults.set_full(false);
     wait_until("the follower to catch up", || {
         follower.replica.high_watermark() == 40
     })
@@ -87,7 +86,7 @@ async fn a_leader_with_a_full_disk_is_replaced_and_rejoins() {
     append_all(&old, 0..10, &mut acked).await;
 
     let old_broker = brokers.iter().find(|b| b.id == old.id()).unwrap();
-    old_broker.full.store(true, Ordering::SeqCst);
+    old_broker.faults.set_full(true);
     // This append reaches the leader's log write and waits there for space: its core can do
     // nothing else meanwhile, heartbeats included.
     let stuck = {
@@ -108,7 +107,7 @@ async fn a_leader_with_a_full_disk_is_replaced_and_rejoins() {
     // lapsed (its fate unknown to the producer, who retries): never acknowledged while stuck.
     let answered_while_full = stuck.is_finished();
 
-    old_broker.full.store(false, Ordering::SeqCst);
+    old_broker.faults.set_full(false);
     // Its append finishes (in a log the new leader then overwrites) and it rejoins.
     let outcome = tokio::time::timeout(WAIT, stuck).await.unwrap().unwrap();
     match outcome {

@@ -273,7 +273,7 @@ async fn a_new_leaders_high_watermark_is_current_only_once_its_term_has_committe
             && c.replica.high_watermark() == acknowledged
     })
     .await;
-    c.full.store(true, std::sync::atomic::Ordering::SeqCst);
+    c.faults.set_full(true);
     brokers
         .iter()
         .find(|x| x.id == old.id())
@@ -296,7 +296,7 @@ async fn a_new_leaders_high_watermark_is_current_only_once_its_term_has_committe
     // (`liveness.rs`), still Raft leader.
     wait_until("B's lease to lapse", || new.leader_epoch().is_none()).await;
     assert!(raft_leader());
-    c.full.store(false, std::sync::atomic::Ordering::SeqCst);
+    c.faults.set_full(false);
     wait_until("the new term's first entry to commit", || {
         new.high_watermark_is_current() && new.leads()
     })

@@ -209,11 +209,11 @@ pub fn append(log: &Log, term: u64, spec: &Spec) {
         index,
         term,
         body: match spec {
-            Spec::Data(_) => EntryBody::Records(&body),
-            Spec::Control(kind, _) => EntryBody::Control(*kind, &body),
+            Spec::Data(_) => EntryBody::Records(body.into()),
+            Spec::Control(kind, _) => EntryBody::Control(*kind, body.into()),
         },
     };
-    log.append(&[entry], 1_000).unwrap();
+    log.append(&mut [entry], 1_000).unwrap();
 }
 
 /// A data entry of `batches` batches of `records` records each, values filled with `fill`.

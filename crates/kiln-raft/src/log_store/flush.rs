@@ -21,8 +21,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use bytes::Bytes;
-use kiln_log::{ControlKind, EntryBody, LogError, NewEntry};
+use kiln_log::{LogError, NewEntry};
 use openraft::storage::LogFlushed;
 
 use super::{lock, Shared};
@@ -35,30 +34,10 @@ use crate::types::KilnRaft;
 /// most, the proposer's `ENTRIES_IN_FLIGHT`, so this is a bound that is not expected to bite).
 pub(super) const FLUSHES_PENDING_MAX: usize = 64;
 
-/// One entry as written: what is written again after a failed sync.
-pub(super) struct Body {
-    pub(super) index: u64,
-    pub(super) term: u64,
-    pub(super) kind: Option<ControlKind>,
-    pub(super) bytes: Bytes,
-}
-
-impl Body {
-    pub(super) fn new_entry(&self) -> NewEntry<'_> {
-        NewEntry {
-            index: self.index,
-            term: self.term,
-            body: match self.kind {
-                Some(k) => EntryBody::Control(k, &self.bytes),
-                None => EntryBody::Records(&self.bytes),
-            },
-        }
-    }
-}
-
 /// One append, written and not yet known durable.
 pub(super) struct Pending {
-    pub(super) bodies: Vec<Body>,
+    /// Its entries as written (records stamped): what is written again after a failed sync.
+    pub(super) entries: Vec<NewEntry>,
     /// The time the entries were stamped with (a rewrite stamps the same).
     pub(super) now_ms: i64,
     pub(super) callback: LogFlushed<KilnRaft>,
@@ -68,11 +47,11 @@ pub(super) struct Pending {
 
 impl Pending {
     fn first_index(&self) -> u64 {
-        self.bodies.first().map_or(0, |b| b.index)
+        self.entries.first().map_or(0, |e| e.index)
     }
 
     fn last_index(&self) -> u64 {
-        self.bodies.last().map_or(0, |b| b.index)
+        self.entries.last().map_or(0, |e| e.index)
     }
 }
 
@@ -86,7 +65,7 @@ pub(super) struct Flushes {
 /// Queues `p` (its entries written just now, under the write gate) and starts the flusher if
 /// none runs. Returns the number of appends queued.
 pub(super) fn queue(shared: &Arc<Shared>, p: Pending) -> usize {
-    assert!(!p.bodies.is_empty(), "an empty append is never queued");
+    assert!(!p.entries.is_empty(), "an empty append is never queued");
     let mut f = lock(&shared.flushes);
     if let Some(prev) = f.queue.back() {
         assert_eq!(
@@ -200,17 +179,16 @@ async fn run(shared: Arc<Shared>) {
 fn write_again(shared: &Shared) -> Result<(), LogError> {
     let _gate = lock(&shared.write_gate);
     shared.log.rewind_unsynced()?;
-    let f = lock(&shared.flushes);
+    let mut f = lock(&shared.flushes);
     let durable = shared.log.tail().next_index;
     let mut next = durable;
-    for p in f.queue.iter().skip_while(|p| p.last_index() < durable) {
+    for p in f.queue.iter_mut().skip_while(|p| p.last_index() < durable) {
         assert_eq!(
             p.first_index(),
             next,
             "the queued appends not durable start where the durable log ends (a sync never splits an append)"
         );
-        let news: Vec<NewEntry<'_>> = p.bodies.iter().map(Body::new_entry).collect();
-        shared.log.append(&news, p.now_ms)?;
+        shared.log.append(&mut p.entries, p.now_ms)?;
         next = p.last_index() + 1;
     }
     Ok(())
@@ -220,18 +198,18 @@ fn write_again(shared: &Shared) -> Result<(), LogError> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use std::path::Path;
-    use std::sync::atomic::AtomicUsize;
-
-    use super::*;
     use std::time::Duration;
 
-    use kiln_log::fs::{Fs, FsFile, SyncFuture};
+    use bytes::Bytes;
+    use kiln_log::faulty_fs::{Faults, FaultyFs, ENOSPC};
+    use kiln_log::fs::Fs;
     use kiln_log::sim_fs::{SimFs, SyncBehaviour};
     use kiln_log::LogConfig;
     use openraft::storage::RaftLogStorageExt;
     use openraft::{CommittedLeaderId, EntryPayload};
 
     use super::super::{lock, LogStore};
+    use super::*;
     use crate::payload::Payload;
     use crate::sim::build_batch;
     use crate::types::{Entry, LogId};
@@ -241,91 +219,6 @@ mod tests {
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
             payload: EntryPayload::Normal(Payload::records(Bytes::from(batch), 1)),
-        }
-    }
-
-    /// SimFs whose log segments fail their next `fail_syncs` syncs (a delayed allocation
-    /// failure: the bytes were written, the kernel could not place them) and their next
-    /// `fail_writes` writes with ENOSPC.
-    struct SyncsFail {
-        sim: SimFs,
-        fail_syncs: Arc<AtomicUsize>,
-        fail_writes: Arc<AtomicUsize>,
-    }
-
-    struct SyncsFailFile {
-        inner: Arc<dyn FsFile>,
-        segment: bool,
-        fail_syncs: Arc<AtomicUsize>,
-        fail_writes: Arc<AtomicUsize>,
-    }
-
-    fn take(n: &AtomicUsize) -> bool {
-        n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1))
-            .is_ok()
-    }
-
-    impl FsFile for SyncsFailFile {
-        fn len(&self) -> io::Result<u64> {
-            self.inner.len()
-        }
-        fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> io::Result<()> {
-            self.inner.read_exact_at(buf, pos)
-        }
-        fn write_all_at(&self, bytes: &[u8], pos: u64) -> io::Result<()> {
-            if self.segment && take(&self.fail_writes) {
-                // ENOSPC
-                return Err(io::Error::from_raw_os_error(28));
-            }
-            self.inner.write_all_at(bytes, pos)
-        }
-        fn set_len(&self, len: u64) -> io::Result<()> {
-            self.inner.set_len(len)
-        }
-        fn sync(&self) -> SyncFuture {
-            if self.segment && take(&self.fail_syncs) {
-                // ENOSPC
-                return Box::pin(async { Err(io::Error::from_raw_os_error(28)) });
-            }
-            self.inner.sync()
-        }
-        fn sync_now(&self) -> io::Result<()> {
-            self.inner.sync_now()
-        }
-        fn describe(&self) -> String {
-            self.inner.describe()
-        }
-    }
-
-    impl Fs for SyncsFail {
-        fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-            self.sim.create_dir_all(dir)
-        }
-        fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
-            self.sim.list(dir)
-        }
-        fn open(&self, path: &Path, create: bool) -> io::Result<Arc<dyn FsFile>> {
-            Ok(Arc::new(SyncsFailFile {
-                inner: self.sim.open(path, create)?,
-                segment: path.extension().is_some_and(|e| e == "log"),
-                fail_syncs: self.fail_syncs.clone(),
-                fail_writes: self.fail_writes.clone(),
-            }))
-        }
-        fn exists(&self, path: &Path) -> bool {
-            self.sim.exists(path)
-        }
-        fn remove_file(&self, path: &Path) -> io::Result<()> {
-            self.sim.remove_file(path)
-        }
-        fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
-            self.sim.remove_dir_all(dir)
-        }
-        fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-            self.sim.rename(from, to)
-        }
-        fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-            self.sim.sync_dir(dir)
         }
     }
 
@@ -398,14 +291,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_sync_on_a_full_disk_writes_the_queued_appends_again() {
         let sim = SimFs::new(Duration::from_millis(5), SyncBehaviour::Honest);
-        let fail_syncs = Arc::new(AtomicUsize::new(0));
-        let fs = SyncsFail {
-            sim: sim.clone(),
-            fail_syncs: fail_syncs.clone(),
-            fail_writes: Arc::new(AtomicUsize::new(0)),
-        };
+        let faults = Faults::new(ENOSPC);
+        let fs = FaultyFs::segments_only(Arc::new(sim.clone()), faults.clone());
         let store = open(Arc::new(fs)).await;
-        fail_syncs.store(2, Ordering::SeqCst);
+        faults.fail_syncs(2);
         let append = |index: u64, value: &'static str| {
             let mut store = store.clone();
             async move { store.blocking_append([entry(index, value)]).await.unwrap() }
@@ -415,7 +304,7 @@ mod tests {
             append(1, "value-b"),
             append(2, "value-c")
         );
-        assert_eq!(fail_syncs.load(Ordering::SeqCst), 0, "both failures met");
+        assert_eq!(faults.syncs_left(), 0, "both failures met");
         assert!(!store.health().disk_full(), "the wait is over");
         assert_eq!(store.shared.log.durable_tail().next_index, 3);
         assert_holds(&store, &["value-a", "value-b", "value-c"]);
@@ -433,12 +322,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_claim_refused_after_the_data_is_synced_keeps_the_synced_append() {
         let sim = SimFs::new(Duration::from_millis(5), SyncBehaviour::Honest);
-        let fail_writes = Arc::new(AtomicUsize::new(0));
-        let fs = SyncsFail {
-            sim: sim.clone(),
-            fail_syncs: Arc::new(AtomicUsize::new(0)),
-            fail_writes: fail_writes.clone(),
-        };
+        let faults = Faults::new(ENOSPC);
+        let fs = FaultyFs::segments_only(Arc::new(sim.clone()), faults.clone());
         let store = open(Arc::new(fs)).await;
         let mut writer = store.clone();
         let append =
@@ -452,18 +337,14 @@ mod tests {
             0,
             "not synced yet"
         );
-        fail_writes.store(1, Ordering::SeqCst);
+        faults.fail_writes(1);
         // A flusher that panics never reports the append: fail rather than hang.
         tokio::time::timeout(Duration::from_secs(10), append)
             .await
             .expect("the append is reported flushed")
             .unwrap()
             .unwrap();
-        assert_eq!(
-            fail_writes.load(Ordering::SeqCst),
-            0,
-            "the claim was refused once"
-        );
+        assert_eq!(faults.writes_left(), 0, "the claim was refused once");
         assert_eq!(store.shared.log.durable_tail().next_index, 1);
         assert!(
             !store.shared.log.header_behind(),

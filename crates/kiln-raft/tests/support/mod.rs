@@ -2,13 +2,12 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kiln_log::fs::{Fs, FsFile, RealFs, SyncFuture};
+use kiln_log::faulty_fs::{Faults, FaultyFs, ENOSPC};
+use kiln_log::fs::RealFs;
 use kiln_log::LogConfig;
 use kiln_raft::log_store::LogRecovery;
 use kiln_raft::net::{serve, GroupTable, LinkCuts, PeerAddrs, TcpNetwork};
@@ -21,84 +20,15 @@ use tokio::task::JoinHandle;
 pub const GROUP: &str = "orders/0";
 pub const WAIT: Duration = Duration::from_secs(20);
 
-/// The real file system, except that writes to log segments fail with ENOSPC while `full` is
-/// set, as on a full filesystem.
-pub struct FullableFs {
-    pub full: Arc<AtomicBool>,
-}
-
-struct FullableFile {
-    inner: Arc<dyn FsFile>,
-    segment: bool,
-    full: Arc<AtomicBool>,
-}
-
-impl FsFile for FullableFile {
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-    fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> io::Result<()> {
-        self.inner.read_exact_at(buf, pos)
-    }
-    fn write_all_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
-        if self.segment && self.full.load(Ordering::SeqCst) {
-            return Err(io::Error::from_raw_os_error(28));
-        }
-        self.inner.write_all_at(buf, pos)
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
-    }
-    fn sync(&self) -> SyncFuture {
-        self.inner.sync()
-    }
-    fn sync_now(&self) -> io::Result<()> {
-        self.inner.sync_now()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-}
-
-impl Fs for FullableFs {
-    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        RealFs.create_dir_all(dir)
-    }
-    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
-        RealFs.list(dir)
-    }
-    fn open(&self, path: &Path, create: bool) -> io::Result<Arc<dyn FsFile>> {
-        Ok(Arc::new(FullableFile {
-            inner: RealFs.open(path, create)?,
-            segment: path.extension().is_some_and(|e| e == "log"),
-            full: self.full.clone(),
-        }))
-    }
-    fn exists(&self, path: &Path) -> bool {
-        RealFs.exists(path)
-    }
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        RealFs.remove_file(path)
-    }
-    fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
-        RealFs.remove_dir_all(dir)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        RealFs.rename(from, to)
-    }
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        RealFs.sync_dir(dir)
-    }
-}
-
 pub struct Broker {
     pub id: NodeId,
     pub dir: PathBuf,
     pub replica: ReplicatedPartition,
     pub recovery: LogRecovery,
     pub server: JoinHandle<()>,
-    /// Set: this broker's log segments are full.
-    pub full: Arc<AtomicBool>,
+    /// Its log segments' faults: `set_full(true)` and every segment write fails with ENOSPC,
+    /// as on a full filesystem.
+    pub faults: Arc<Faults>,
 }
 
 impl Broker {
@@ -187,8 +117,8 @@ async fn start_broker_timed(
     cuts: Option<Arc<LinkCuts>>,
 ) -> Broker {
     std::fs::create_dir_all(dir).unwrap();
-    let full = Arc::new(AtomicBool::new(false));
-    let fs = Arc::new(FullableFs { full: full.clone() });
+    let faults = Faults::new(ENOSPC);
+    let fs = Arc::new(FaultyFs::segments_only(Arc::new(RealFs), faults.clone()));
     let mut network = TcpNetwork::new(GROUP, peers.clone(), Duration::from_millis(500));
     if let Some(cuts) = cuts {
         network = network.with_cuts(id, cuts);
@@ -205,7 +135,7 @@ async fn start_broker_timed(
         replica,
         recovery,
         server,
-        full,
+        faults,
     }
 }
 
