@@ -17,7 +17,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::topic_changes::ConfigChange;
-use super::{Cluster, ClusterError};
+use super::{Cluster, ClusterError, NewTopic};
 
 /// The `Forward` frame's group name for topic changes (no Raft group has this name).
 pub(super) const TOPIC_CHANGES_GROUP: &str = "__topic_changes";
@@ -30,11 +30,9 @@ pub(super) enum TopicChange {
     /// CreateTopics (`Cluster::create_topic`); `answer_within_ms`: what is left of the
     /// client's request timeout.
     CreateTopic {
-        name: String,
-        partitions: u32,
-        replication_factor: Option<u16>,
-        overrides: std::collections::BTreeMap<String, String>,
-        validate_only: bool,
+        /// Flattened: the JSON is the one brokers exchanged before the struct existed.
+        #[serde(flatten)]
+        topic: NewTopic,
         answer_within_ms: u64,
     },
     /// DeleteTopics (`Cluster::delete_topic`).
@@ -109,22 +107,11 @@ impl Cluster {
         tracing::debug!(?change, "a topic change forwarded by a peer");
         let result = match change {
             TopicChange::CreateTopic {
-                name,
-                partitions,
-                replication_factor,
-                overrides,
-                validate_only,
+                topic,
                 answer_within_ms,
             } => {
-                self.create_topic_here(
-                    &name,
-                    partitions,
-                    replication_factor,
-                    overrides,
-                    validate_only,
-                    Duration::from_millis(answer_within_ms),
-                )
-                .await
+                self.create_topic_here(topic, Duration::from_millis(answer_within_ms))
+                    .await
             }
             TopicChange::DeleteTopic { name } => self.delete_topic_here(&name).await,
             TopicChange::AlterConfig {
@@ -159,5 +146,31 @@ impl Cluster {
         result
             .map(|()| Bytes::new())
             .map_err(|e| serde_json::to_string(&e).unwrap_or_else(|_| e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A broker that forwards CreateTopics sends the JSON it always sent: a controller of the
+    /// previous release reads it, and so does this one.
+    #[test]
+    fn a_forwarded_create_topic_keeps_its_flat_json() {
+        let earlier = r#"{"CreateTopic":{"name":"kiln.nodes","partitions":3,"replication_factor":null,"overrides":{"retention.ms":"1000"},"validate_only":false,"answer_within_ms":30000}}"#;
+        let change: TopicChange = serde_json::from_str(earlier).unwrap();
+        let TopicChange::CreateTopic {
+            topic,
+            answer_within_ms,
+        } = &change
+        else {
+            panic!("not a CreateTopic: {change:?}");
+        };
+        assert_eq!(topic.name, "kiln.nodes");
+        assert_eq!(topic.partitions, 3);
+        assert_eq!(topic.overrides["retention.ms"], "1000");
+        assert_eq!(*answer_within_ms, 30_000);
+        assert_eq!(serde_json::to_string(&change).unwrap(), earlier);
     }
 }

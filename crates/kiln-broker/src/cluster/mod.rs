@@ -114,6 +114,20 @@ impl PeerBroker {
     }
 }
 
+/// One topic of a CreateTopics request (or of a Metadata request that creates what it names),
+/// checked on the controller ([`Cluster::create_topic`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NewTopic {
+    pub name: String,
+    pub partitions: u32,
+    /// `None`: the cluster's `default_replication_factor`.
+    pub replication_factor: Option<u16>,
+    /// Topic settings that differ from the broker's defaults (`retention.ms`, ...).
+    pub overrides: BTreeMap<String, String>,
+    /// Checked and answered, not created.
+    pub validate_only: bool,
+}
+
 /// Serializable: a controller's refusal of a forwarded change travels back as it is
 /// (`forwarded.rs`).
 #[derive(Debug, thiserror::Error, serde::Serialize, serde::Deserialize)]
@@ -577,52 +591,41 @@ impl Cluster {
     /// timed out retries and is told the topic already exists.
     pub async fn create_topic(
         &self,
-        name: &str,
-        partitions: u32,
-        replication_factor: Option<u16>,
-        overrides: BTreeMap<String, String>,
-        validate_only: bool,
+        topic: NewTopic,
         answer_within: Duration,
     ) -> Result<(), ClusterError> {
         let deadline = tokio::time::Instant::now() + answer_within;
         if !self.metadata.is_leader() {
+            let (name, validate_only) = (topic.name.clone(), topic.validate_only);
             self.forward_topic_change(forwarded::TopicChange::CreateTopic {
-                name: name.to_string(),
-                partitions,
-                replication_factor,
-                overrides,
-                validate_only,
+                topic,
                 answer_within_ms: u64::try_from(answer_within.as_millis()).unwrap_or(u64::MAX),
             })
             .await?;
             if !validate_only {
                 // Created: answered once this broker knows it too, if that comes in time, so
                 // the client's next Metadata here names it.
-                self.wait_for_topic_until(name, deadline).await;
+                self.wait_for_topic_until(&name, deadline).await;
             }
             return Ok(());
         }
-        self.create_topic_here(
-            name,
-            partitions,
-            replication_factor,
-            overrides,
-            validate_only,
-            answer_within,
-        )
-        .await
+        self.create_topic_here(topic, answer_within).await
     }
 
     /// [`Self::create_topic`] on the controller, where the request is checked.
     pub(super) async fn create_topic_here(
         &self,
-        name: &str,
-        partitions: u32,
-        replication_factor: Option<u16>,
-        overrides: BTreeMap<String, String>,
-        validate_only: bool,
+        topic: NewTopic,
         answer_within: Duration,
     ) -> Result<(), ClusterError> {
+        let NewTopic {
+            name,
+            partitions,
+            replication_factor,
+            overrides,
+            validate_only,
+        } = topic;
+        let name = name.as_str();
         let deadline = tokio::time::Instant::now() + answer_within;
         topic_config::validate_topic_name(name).map_err(ClusterError::InvalidName)?;
         if partitions == 0 || partitions > PARTITIONS_PER_TOPIC_MAX {

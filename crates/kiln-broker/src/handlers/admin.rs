@@ -17,7 +17,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, NewTopic};
 use crate::errors::cluster_error_code;
 use crate::handlers::Reply;
 
@@ -79,11 +79,13 @@ async fn create_one(
         (spec.partitions, spec.replication_factor, spec.overrides);
     let outcome = cluster
         .create_topic(
-            topic.name.as_str(),
-            partitions,
-            replication_factor,
-            overrides.clone(),
-            validate_only,
+            NewTopic {
+                name: topic.name.to_string(),
+                partitions,
+                replication_factor,
+                overrides: overrides.clone(),
+                validate_only,
+            },
             answer_within,
         )
         .await;

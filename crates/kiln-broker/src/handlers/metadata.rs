@@ -17,7 +17,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 
-use crate::cluster::{Cluster, ClusterTopic};
+use crate::cluster::{Cluster, ClusterTopic, NewTopic};
 use crate::errors::cluster_error_code;
 use crate::server::Broker;
 
@@ -61,11 +61,13 @@ pub async fn handle(
                     // (it refreshes metadata and reaches the controller in time).
                     match cluster
                         .create_topic(
-                            name.as_str(),
-                            broker.config.default_partitions,
-                            None,
-                            Default::default(),
-                            false,
+                            NewTopic {
+                                name: name.to_string(),
+                                partitions: broker.config.default_partitions,
+                                replication_factor: None,
+                                overrides: Default::default(),
+                                validate_only: false,
+                            },
                             crate::cluster::PROPOSE_WAIT,
                         )
                         .await
