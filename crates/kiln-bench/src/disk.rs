@@ -109,6 +109,32 @@ fn sequential(
     Ok(written? as f64 / (1 << 20) as f64 / started.elapsed().as_secs_f64())
 }
 
+/// Bytes free for an unprivileged user on the file system holding `dir` (POSIX `df -P`).
+pub(crate) fn free_bytes(dir: &Path) -> anyhow::Result<u64> {
+    let out = std::process::Command::new("df")
+        .args(["-P", "-k"])
+        .arg(dir)
+        .output()
+        .map_err(|e| anyhow::anyhow!("cannot run df for {}: {e}", dir.display()))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "df {} failed: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "Filesystem 1024-blocks Used Available Capacity Mounted-on", then one line per file
+    // system; the fourth field of the last line is what is available, in KiB.
+    let available = text
+        .lines()
+        .last()
+        .and_then(|line| line.split_whitespace().nth(3))
+        .and_then(|kib| kib.parse::<u64>().ok())
+        .ok_or_else(|| anyhow::anyhow!("cannot read df's output for {}: {text}", dir.display()))?;
+    Ok(available.saturating_mul(1024))
+}
+
 /// Bytes in the files under `dir`, its subdirectories included. A file removed while it is
 /// counted (a broker's retention at work) counts as gone.
 pub(crate) fn dir_bytes(dir: &Path) -> anyhow::Result<u64> {

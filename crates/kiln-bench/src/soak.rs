@@ -33,6 +33,13 @@ const WINDOW_S: u64 = 10;
 const RESTARTED: i32 = 3;
 /// Longest wait for the restarted broker to rejoin every partition's ISR.
 const REJOIN_TIMEOUT: Duration = Duration::from_secs(120);
+/// The soak stops writing, with an error, when less than this is free on the disk: the
+/// writes while broker 3 is down and its restart need room, and a disk that fills would
+/// measure the brokers' full-disk path instead of their sustained rate.
+const FREE_BYTES_MIN: u64 = 6 << 30;
+/// The three replicas' logs take a little more than three times the record values (batch
+/// and segment headers, indexes).
+const STORED_PER_VALUE_BYTE: f64 = 3.3;
 
 #[derive(Args, Debug, Clone)]
 pub struct SoakArgs {
@@ -64,12 +71,26 @@ pub fn run(dir: &Path, args: &SoakArgs, runtime: &tokio::runtime::Runtime) -> an
         bail!("--seconds and --sample-ms must be at least 1 and --total-gib not negative");
     }
     let kiln_bin = cluster::kiln_bin(&args.load.kiln_bin)?;
+    let free = disk::free_bytes(dir)?;
+    let needed =
+        (args.total_gib * (1u64 << 30) as f64 * STORED_PER_VALUE_BYTE) as u64 + FREE_BYTES_MIN;
+    if free < needed {
+        bail!(
+            "--total-gib {} needs about {:.1} GiB free in {} (three replicas, and {} GiB to spare); \
+             {:.1} GiB are free: lower --total-gib or use --dir on a larger disk",
+            args.total_gib,
+            needed as f64 / (1u64 << 30) as f64,
+            dir.display(),
+            FREE_BYTES_MIN >> 30,
+            free as f64 / (1u64 << 30) as f64
+        );
+    }
     let d = disk::measure(dir, &disk::DiskArgs::default())?;
     disk::print(&d);
 
     let tmp = tempfile::tempdir_in(dir)?;
     let mut brokers = Brokers::start_cluster(&kiln_bin, tmp.path(), 3, "")?;
-    let result = soak(&mut brokers, args, &d, runtime);
+    let result = soak(&mut brokers, args, &d, dir, runtime);
     brokers.kill_all();
     result
 }
@@ -78,6 +99,7 @@ fn soak(
     brokers: &mut Brokers,
     args: &SoakArgs,
     d: &DiskFigures,
+    dir: &Path,
     runtime: &tokio::runtime::Runtime,
 ) -> anyhow::Result<()> {
     let load = &args.load;
@@ -123,6 +145,24 @@ fn soak(
         if let Err(e) = brokers.check_alive() {
             failure = Some(e);
             return true;
+        }
+        match disk::free_bytes(dir) {
+            Ok(free) if free < FREE_BYTES_MIN => {
+                failure = Some(anyhow::anyhow!(
+                    "stopped writing with {:.1} GiB free in {} after {:.2} GiB acknowledged (the \
+                     rate was higher than --total-gib allowed for): lower --seconds or use a \
+                     larger disk",
+                    free as f64 / (1u64 << 30) as f64,
+                    dir.display(),
+                    (acked * load.record_bytes as u64) as f64 / (1u64 << 30) as f64
+                ));
+                return true;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                failure = Some(e);
+                return true;
+            }
         }
         let elapsed = now - start;
         if acked_at_sustained.is_none() && elapsed >= sustained {
