@@ -573,13 +573,14 @@ impl LogStore {
 }
 
 /// Runs file work that blocks (deleting whole segments and fsyncing their directory, which
-/// under a heavy write load took hundreds of milliseconds) without holding up the runtime's
-/// other tasks: on a multi-threaded runtime this worker hands them to another meanwhile.
+/// under a heavy write load took hundreds of milliseconds; cutting a tail; saving the state
+/// file) without holding up the runtime's other tasks: on a multi-threaded runtime this worker
+/// hands them to another meanwhile.
 /// Without it, every retention pass (every 5 s in `kiln-bench failover`) stalled one of a
 /// 2-core broker's two workers long enough for leases of the groups it served to lapse: 13
 /// and 15 lapses in a loaded minute, 0 and 0 with it. On a current-thread runtime (the
 /// simulation, some tests) it runs in place.
-fn off_the_runtime<T>(work: impl FnOnce() -> T) -> T {
+pub(crate) fn off_the_runtime<T>(work: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current() {
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
             tokio::task::block_in_place(work)
@@ -785,7 +786,7 @@ impl RaftLogStorage<KilnRaft> for LogStore {
         let what = self.shared.dir.display().to_string();
         retry_when_full(&what, &self.shared.health, || {
             let log = log.clone();
-            async move { log.truncate_from(log_id.index) }
+            async move { off_the_runtime(|| log.truncate_from(log_id.index)) }
         })
         .await
         .map_err(|e| StorageIOError::write_logs(io_err(e)))?;
