@@ -13,6 +13,10 @@
 //!    listens, and until Metadata names it in the in-sync replicas of every partition (it has
 //!    fetched what it missed). Then every partition's high watermark is checked to hold every
 //!    acknowledged record.
+//!
+//! The disk must hold three replicas of everything written, checked before the run and while it
+//! writes. `--retention-bytes` gives the topic a size limit (and the brokers a 5 s retention
+//! pass), so a long run at a high rate fits, and retention's deletions run under the load.
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -40,6 +44,14 @@ const FREE_BYTES_MIN: u64 = 6 << 30;
 /// The three replicas' logs take a little more than three times the record values (batch
 /// and segment headers, indexes).
 const STORED_PER_VALUE_BYTE: f64 = 3.3;
+/// `segment.bytes` of the topic when `--retention-bytes` is set.
+const SEGMENT_BYTES: u64 = 64 << 20;
+/// The brokers' retention pass interval when `--retention-bytes` is set (the default, 30 s, would
+/// let each replica hold 30 s of writes beyond its retention).
+const RETENTION_CHECK_MS: u64 = 5_000;
+/// Writes a replica takes per second at most, for the space a retention interval needs: more than
+/// a third of any disk this bench has met (every replica shares the one disk).
+const REPLICA_BYTES_PER_S_MAX: u64 = 600 << 20;
 
 #[derive(Args, Debug, Clone)]
 pub struct SoakArgs {
@@ -57,6 +69,11 @@ pub struct SoakArgs {
     /// Seconds the producer keeps writing while broker 3 is down.
     #[arg(long, default_value_t = 5)]
     pub down_s: u64,
+    /// The topic's `retention.bytes` (per partition replica; 0: none), so a run at a rate the
+    /// disk cannot hold for `--seconds` still fits: retention deletes whole segments meanwhile
+    /// (the topic's segments are then `SEGMENT_BYTES`).
+    #[arg(long, default_value_t = 0)]
+    pub retention_bytes: u64,
 }
 
 struct Window {
@@ -72,13 +89,22 @@ pub fn run(dir: &Path, args: &SoakArgs, runtime: &tokio::runtime::Runtime) -> an
     }
     let kiln_bin = cluster::kiln_bin(&args.load.kiln_bin)?;
     let free = disk::free_bytes(dir)?;
-    let needed =
-        (args.total_gib * (1u64 << 30) as f64 * STORED_PER_VALUE_BYTE) as u64 + FREE_BYTES_MIN;
+    let stored = if args.retention_bytes > 0 {
+        // Every replica of every partition keeps its retention, the segment being written and
+        // one not yet deleted, and a broker's writes between two retention passes on top.
+        3 * (args.load.partitions as u64 * (args.retention_bytes + 2 * SEGMENT_BYTES)
+            + REPLICA_BYTES_PER_S_MAX * RETENTION_CHECK_MS / 1000)
+    } else {
+        (args.total_gib * (1u64 << 30) as f64 * STORED_PER_VALUE_BYTE) as u64
+    };
+    let needed = stored + FREE_BYTES_MIN;
     if free < needed {
         bail!(
-            "--total-gib {} needs about {:.1} GiB free in {} (three replicas, and {} GiB to spare); \
-             {:.1} GiB are free: lower --total-gib or use --dir on a larger disk",
+            "--total-gib {} with --retention-bytes {} needs about {:.1} GiB free in {} (three \
+             replicas, and {} GiB to spare); {:.1} GiB are free: lower --total-gib, set \
+             --retention-bytes or use --dir on a larger disk",
             args.total_gib,
+            args.retention_bytes,
             needed as f64 / (1u64 << 30) as f64,
             dir.display(),
             FREE_BYTES_MIN >> 30,
@@ -89,7 +115,12 @@ pub fn run(dir: &Path, args: &SoakArgs, runtime: &tokio::runtime::Runtime) -> an
     disk::print(&d);
 
     let tmp = tempfile::tempdir_in(dir)?;
-    let mut brokers = Brokers::start_cluster(&kiln_bin, tmp.path(), 3, "")?;
+    let extra = if args.retention_bytes > 0 {
+        format!("retention_check_interval_ms = {RETENTION_CHECK_MS}\n")
+    } else {
+        String::new()
+    };
+    let mut brokers = Brokers::start_cluster(&kiln_bin, tmp.path(), 3, &extra)?;
     let result = soak(&mut brokers, args, &d, dir, runtime);
     brokers.kill_all();
     result
@@ -103,11 +134,18 @@ fn soak(
     runtime: &tokio::runtime::Runtime,
 ) -> anyhow::Result<()> {
     let load = &args.load;
+    let retention = args.retention_bytes.to_string();
+    let segment = SEGMENT_BYTES.to_string();
+    let configs: Vec<(&str, &str)> = if args.retention_bytes > 0 {
+        vec![("retention.bytes", &retention), ("segment.bytes", &segment)]
+    } else {
+        Vec::new()
+    };
     let spec = TopicSpec {
         name: TOPIC,
         partitions: load.partitions,
         replication_factor: 3,
-        configs: &[],
+        configs: &configs,
     };
     let ready = Duration::from_secs(load.ready_timeout_s);
     let (bootstrap, leaders) = cluster::prepare(brokers, &spec, ready, runtime)?;
@@ -220,7 +258,12 @@ fn soak(
 
     let down_acked = restart(brokers, &producer, args, &bootstrap)?;
     let expected = load.partitions as u64 + acked + down_acked;
-    check_watermarks(&producer, load.partitions, expected)
+    check_watermarks(
+        &producer,
+        load.partitions,
+        expected,
+        args.retention_bytes > 0,
+    )
 }
 
 fn print_window(w: &Window, from_s: f64) {
@@ -326,6 +369,7 @@ fn check_watermarks(
     producer: &rdkafka::producer::BaseProducer<cluster::BenchContext>,
     partitions: i32,
     expected: u64,
+    retention: bool,
 ) -> anyhow::Result<()> {
     let mut total = 0i64;
     for p in 0..partitions {
@@ -333,8 +377,13 @@ fn check_watermarks(
             .client()
             .fetch_watermarks(TOPIC, p, Duration::from_secs(10))
             .map_err(|e| anyhow::anyhow!("ListOffsets of {TOPIC}/{p}: {e}"))?;
-        if low != 0 {
+        // Without retention nothing may be gone; with it the log start moves, and the high
+        // watermark still counts every record ever written.
+        if low != 0 && !retention {
             bail!("{TOPIC}/{p}: log start {low}, but nothing was deleted");
+        }
+        if low < 0 || low > high {
+            bail!("{TOPIC}/{p}: log start {low} is not within 0..={high}");
         }
         total += high;
     }

@@ -570,17 +570,17 @@ impl Run {
 
     async fn write(
         &mut self,
-        mut group: Vec<Proposal>,
+        group: Vec<Proposal>,
         size: usize,
         slot: tokio::sync::OwnedSemaphorePermit,
     ) {
-        let single = group.len() == 1;
-        let payload = match &mut group[0].what {
+        let payload = match &group[0].what {
             What::Command(c) => Payload::Command(*c),
-            // Moved, not cloned: the log stamps the records in place when it holds their only
-            // reference (the proposal needs only its record count from here on).
-            What::Records { batches, records } if single => {
-                Payload::records(std::mem::take(batches), *records)
+            // Cloned: a request's records are a slice of its whole frame (other partitions'
+            // batches, the request header), so the log must not stamp them in place, which
+            // would let its cache hold the whole frame for them; the clone makes it copy.
+            What::Records { batches, .. } if group.len() == 1 => {
+                Payload::records(batches.clone(), group[0].records())
             }
             What::Records { .. } => {
                 let mut joined = BytesMut::with_capacity(size);
@@ -595,6 +595,7 @@ impl Run {
                         records = records.saturating_add(*n);
                     }
                 }
+                // Exactly the entry's bytes and held only by the entry: stamped in place.
                 Payload::records(joined.freeze(), records)
             }
         };

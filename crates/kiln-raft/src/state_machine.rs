@@ -527,8 +527,7 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
         if must_save
             || (matches!(self.kind, GroupKind::Data) && inner.since_save >= SAVE_EVERY_ENTRIES)
         {
-            // Two fsyncs and a rename: off the runtime, like the log's own blocking work.
-            crate::log_store::off_the_runtime(|| self.save(&mut inner))
+            self.save(&mut inner)
                 .map_err(|e| StorageIOError::write_state_machine(AnyError::new(&e)))?;
         }
         drop(inner);
