@@ -432,28 +432,34 @@ pub fn set_partition_leader_epoch(batch: &mut [u8], value: u32) -> bool {
 /// every CRC, that the batches cover the buffer exactly, and that none is a control batch (only
 /// the log writes those). Returns the batches in order.
 pub fn validate_batches(buf: &[u8]) -> Result<Vec<Batch<'_>>, LogError> {
-    if buf.is_empty() {
-        return Err(invalid(0, "no record batches"));
-    }
-    let mut out = Vec::new();
-    for batch in batches(buf) {
-        let batch = batch?;
-        if batch.header.is_control() {
-            return Err(invalid(
-                batch.position,
-                "control batches are written by the broker only",
-            ));
-        }
+    walk_producer_batches(buf, |batch| {
         verify_crc(batch.bytes, batch.position)?;
-        out.push(batch);
-    }
-    Ok(out)
+        Ok(*batch)
+    })
 }
 
 /// The structure of a buffer of producer batches whose CRCs were checked already
 /// ([`validate_batches`]): every header checked again, the batches covering the buffer exactly,
 /// none a control batch. Returns each batch's position and record count, in order.
 pub fn structure(buf: &[u8]) -> Result<Vec<(usize, u32)>, LogError> {
+    walk_producer_batches(buf, |batch| {
+        let records = u32::try_from(batch.header.record_count).map_err(|_| {
+            invalid(
+                batch.position,
+                format!("negative record count {}", batch.header.record_count),
+            )
+        })?;
+        Ok((batch.position, records))
+    })
+}
+
+/// The walk both of the above make: at least one batch, every header checked, the batches
+/// covering the buffer exactly, none a control batch; `each` sees every batch in order and
+/// may refuse it.
+fn walk_producer_batches<'a, T>(
+    buf: &'a [u8],
+    mut each: impl FnMut(&Batch<'a>) -> Result<T, LogError>,
+) -> Result<Vec<T>, LogError> {
     if buf.is_empty() {
         return Err(invalid(0, "no record batches"));
     }
@@ -466,13 +472,7 @@ pub fn structure(buf: &[u8]) -> Result<Vec<(usize, u32)>, LogError> {
                 "control batches are written by the broker only",
             ));
         }
-        let records = u32::try_from(batch.header.record_count).map_err(|_| {
-            invalid(
-                batch.position,
-                format!("negative record count {}", batch.header.record_count),
-            )
-        })?;
-        out.push((batch.position, records));
+        out.push(each(&batch)?);
     }
     Ok(out)
 }

@@ -222,6 +222,13 @@ mod tests {
         }
     }
 
+    /// A store on `sim` whose log segments fail with ENOSPC as the returned faults say.
+    async fn open_faulty(sim: &SimFs) -> (LogStore, Arc<Faults>) {
+        let faults = Faults::new(ENOSPC);
+        let fs = FaultyFs::segments_only(Arc::new(sim.clone()), faults.clone());
+        (open(Arc::new(fs)).await, faults)
+    }
+
     async fn open(fs: Arc<dyn Fs>) -> LogStore {
         let (store, _) = LogStore::open(fs, Path::new("/r"), LogConfig::default(), true)
             .await
@@ -291,9 +298,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_sync_on_a_full_disk_writes_the_queued_appends_again() {
         let sim = SimFs::new(Duration::from_millis(5), SyncBehaviour::Honest);
-        let faults = Faults::new(ENOSPC);
-        let fs = FaultyFs::segments_only(Arc::new(sim.clone()), faults.clone());
-        let store = open(Arc::new(fs)).await;
+        let (store, faults) = open_faulty(&sim).await;
         faults.fail_syncs(2);
         let append = |index: u64, value: &'static str| {
             let mut store = store.clone();
@@ -322,9 +327,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_claim_refused_after_the_data_is_synced_keeps_the_synced_append() {
         let sim = SimFs::new(Duration::from_millis(5), SyncBehaviour::Honest);
-        let faults = Faults::new(ENOSPC);
-        let fs = FaultyFs::segments_only(Arc::new(sim.clone()), faults.clone());
-        let store = open(Arc::new(fs)).await;
+        let (store, faults) = open_faulty(&sim).await;
         let mut writer = store.clone();
         let append =
             tokio::spawn(async move { writer.blocking_append([entry(0, "value-a")]).await });
