@@ -53,6 +53,10 @@ pub struct ProduceFigures {
     pub bytes: u64,
     pub elapsed: Duration,
     pub latency_us: Histogram<u64>,
+    /// The process's fsyncs during the run (every log's, the partitions' and the broker's
+    /// internal ones): how many, and the seconds they took in all.
+    pub fsyncs: u64,
+    pub fsync_seconds: f64,
     pub args: ProduceArgs,
 }
 
@@ -93,6 +97,7 @@ pub async fn run(dir: &Path, args: &ProduceArgs) -> anyhow::Result<ProduceFigure
     }
 
     let batch = crate::produce_batch(args.batch_records, args.record_bytes)?;
+    let fsyncs_before = kiln_log::stats::fsync_latency();
     let deadline = Instant::now() + Duration::from_secs_f64(args.seconds);
     let started = Instant::now();
     let mut workers = Vec::new();
@@ -114,6 +119,7 @@ pub async fn run(dir: &Path, args: &ProduceArgs) -> anyhow::Result<ProduceFigure
         requests += n;
     }
     let elapsed = started.elapsed();
+    let fsyncs_after = kiln_log::stats::fsync_latency();
     let _ = stop_tx.send(());
     server.await.context("broker task")??;
     let records = requests * args.batch_records as u64;
@@ -122,6 +128,8 @@ pub async fn run(dir: &Path, args: &ProduceArgs) -> anyhow::Result<ProduceFigure
         bytes: records * args.record_bytes as u64,
         elapsed,
         latency_us,
+        fsyncs: fsyncs_after.count.saturating_sub(fsyncs_before.count),
+        fsync_seconds: (fsyncs_after.sum_seconds - fsyncs_before.sum_seconds).max(0.0),
         args: args.clone(),
     })
 }
@@ -302,6 +310,19 @@ pub fn print(p: &ProduceFigures, disk: &DiskFigures) {
         ms(0.999),
         p.latency_us.max() as f64 / 1000.0
     );
+    // How much of the time a partition's log was being fsynced: with acks waiting for the fsync,
+    // time the disk spends idle between fsyncs is time no record becomes durable (the standalone
+    // path's shortfall against the old engine, docs/benchmarks.md). Internal logs' fsyncs count
+    // too; they are few during a produce run.
+    if p.fsyncs > 0 {
+        println!(
+            "produce  fsyncs {:.0}/s, mean {:.2} ms, {:.0} KiB each; the partitions' logs were being fsynced {:.0}% of the time",
+            p.fsyncs as f64 / secs,
+            1000.0 * p.fsync_seconds / p.fsyncs as f64,
+            p.bytes as f64 / 1024.0 / p.fsyncs as f64,
+            100.0 * p.fsync_seconds / (secs * f64::from(p.args.partitions.max(1)))
+        );
+    }
     println!(
         "produce  ratio to the disk's fsync'd sequential bandwidth, 1 stream: {:.0}% ({mib_s:.1} of {:.1} MiB/s)",
         100.0 * mib_s / disk.bandwidth_mib_s,
