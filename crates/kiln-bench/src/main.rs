@@ -103,9 +103,8 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     std::fs::create_dir_all(&cli.dir)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    // The broker's own runtime: the produce benchmarks run the broker in this process.
+    let runtime = kiln_broker::runtime::builder().build()?;
     match cli.command {
         Command::Disk(args) => {
             let d = disk::measure(&cli.dir, &args)?;

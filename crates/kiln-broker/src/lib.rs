@@ -22,6 +22,7 @@ pub mod listeners;
 mod login_failures;
 mod metrics;
 mod retention;
+pub mod runtime;
 mod sasl;
 mod server;
 mod time;

@@ -104,10 +104,7 @@ fn main() -> ExitCode {
         return probe_cmd::run(args);
     }
 
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match kiln_broker::runtime::builder().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
