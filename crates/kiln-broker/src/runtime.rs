@@ -23,3 +23,23 @@ pub fn builder() -> tokio::runtime::Builder {
     builder.disable_lifo_slot();
     builder
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shipped build runs without the slot: this fails if `.cargo/config.toml` stops
+    /// setting `--cfg tokio_unstable` (or RUSTFLAGS replace it), rather than losing the
+    /// setting silently.
+    #[test]
+    // The constant is what is tested: it says how this build was configured.
+    #[allow(clippy::assertions_on_constants)]
+    fn this_build_runs_without_the_lifo_slot() {
+        assert!(
+            LIFO_SLOT_DISABLED,
+            "built without --cfg tokio_unstable (.cargo/config.toml): the runtime keeps tokio's LIFO slot"
+        );
+        let runtime = builder().worker_threads(2).build().expect("a runtime");
+        assert_eq!(runtime.block_on(async { 1 + 1 }), 2);
+    }
+}
