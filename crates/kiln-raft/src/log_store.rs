@@ -589,7 +589,7 @@ impl LogStore {
 /// grows its own malloc arena (under retention a broker's RSS rose from 80 to 280 MiB in 140 s).
 /// On a current-thread runtime (the simulation, some tests) it runs in place, in order.
 /// `dir`: the log's directory, named if the work never ran (the runtime shut down first).
-async fn off_the_runtime<T: Send + 'static>(
+pub(crate) async fn off_the_runtime<T: Send + 'static>(
     dir: &Path,
     work: impl FnOnce() -> Result<T, LogError> + Send + 'static,
 ) -> Result<T, LogError> {

@@ -256,10 +256,10 @@ impl StateMachine {
         self.snapshot_wanted.clone()
     }
 
-    /// Saves the applied position (never past what the log has synced).
-    fn save(&self, inner: &mut SmInner) -> std::io::Result<()> {
-        let shared = &self.store.shared;
-        let durable = shared.log.durable_tail();
+    /// The state file's content as of what is applied, never past what the log has synced;
+    /// `None` for a table group, whose file is written with its snapshot only. Counts as saved.
+    fn state_to_save(&self, inner: &mut SmInner) -> Option<GroupState> {
+        let durable = self.store.shared.log.durable_tail();
         let mut state = inner.state.clone();
         if let Some(a) = state.applied {
             if a.index >= durable.next_index {
@@ -275,97 +275,57 @@ impl StateMachine {
             }
         }
         if matches!(self.kind, GroupKind::Table(_)) {
-            // A table group's file is its snapshot: written with the table only.
-            return Ok(());
+            return None;
         }
         // The producers as of the in-memory applied position, which may be past the saved one:
         // applying the entries in between again changes nothing (`producers.rs`).
         state.table = Some(Bytes::from(inner.producers.encode()));
-        state.save(shared.fs.as_ref(), &shared.dir)?;
         inner.since_save = 0;
-        Ok(())
+        Some(state)
     }
 
-    /// Saves what is applied (a clean shutdown).
-    pub fn save_now(&self) -> std::io::Result<()> {
-        let mut inner = self.lock();
-        self.save(&mut inner)
-    }
-}
-
-impl RaftSnapshotBuilder<KilnRaft> for StateMachine {
-    async fn build_snapshot(&mut self) -> Result<Snapshot<KilnRaft>, StorageError> {
-        let mut inner = self.lock();
-        let (last_log_id, data) = match &self.kind {
-            GroupKind::Data => {
-                let kafka = inner.state.log_start.as_ref().map_or(0, |l| l.kafka_offset);
-                (
-                    inner.state.log_start.as_ref().map(|l| l.last_purged),
-                    encode_data_snapshot(
-                        kafka,
-                        inner.state.records_start,
-                        &inner.producers.encode(),
-                    ),
-                )
-            }
-            GroupKind::Table(table) => {
-                let bytes = table.snapshot().map_err(|e| {
-                    StorageIOError::write_snapshot(
-                        None,
-                        AnyError::error(format!("table snapshot: {e}")),
-                    )
-                })?;
-                let applied = inner.state.applied;
-                inner.state.table = Some(Bytes::from(bytes.clone()));
-                if let Some(a) = applied {
-                    // The table is as of `applied`, and so is the membership applied.
-                    inner.state.log_start = Some(LogStart {
-                        last_purged: a,
-                        kafka_offset: inner.next_kafka,
-                        membership: inner.state.membership.clone(),
-                    });
-                }
+    /// Saves the applied position (never past what the log has synced), on this thread.
+    fn save(&self, inner: &mut SmInner) -> std::io::Result<()> {
+        match self.state_to_save(inner) {
+            Some(state) => {
                 let shared = &self.store.shared;
-                inner
-                    .state
-                    .save(shared.fs.as_ref(), &shared.dir)
-                    .map_err(|e| StorageIOError::write_snapshot(None, AnyError::new(&e)))?;
-                inner.since_save = 0;
-                tracing::info!(dir = %shared.dir.display(), applied = ?applied.map(|a| a.index), bytes = bytes.len(), "table snapshot written; the log before it is purged");
-                (applied, encode_snapshot(inner.next_kafka, Some(&bytes)))
+                state.save(shared.fs.as_ref(), &shared.dir)
             }
-        };
-        let meta = SnapshotMeta {
-            last_log_id,
-            last_membership: inner
-                .state
-                .log_start
-                .as_ref()
-                .map_or_else(|| inner.state.membership.clone(), |l| l.membership.clone()),
-            snapshot_id: format!("{last_log_id:?}"),
-        };
-        Ok(Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(data)),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes `state` on the blocking pool: the write is two fsyncs (the file's and its
+    /// directory's), which on a runtime worker would stall every task queued behind it for as
+    /// long, and `apply` holds no lock while it waits (readers of the high watermark and the
+    /// producers go on). A data partition's saves do not race: while the replica runs only
+    /// `apply` and `install_snapshot` save it, one at a time (openraft's state machine worker
+    /// runs its commands in order); a table group's file is written by its snapshot builder
+    /// alone.
+    async fn write_state(&self, state: GroupState) -> Result<(), StorageError> {
+        let shared = Arc::clone(&self.store.shared);
+        let dir = shared.dir.clone();
+        crate::log_store::off_the_runtime(&dir, move || {
+            state
+                .save(shared.fs.as_ref(), &shared.dir)
+                .map_err(|source| kiln_log::LogError::Io {
+                    op: "writing the state file",
+                    path: shared.dir.join(crate::state::STATE_FILE),
+                    source,
+                })
         })
-    }
-}
-
-impl RaftStateMachine<KilnRaft> for StateMachine {
-    type SnapshotBuilder = StateMachine;
-
-    async fn applied_state(
-        &mut self,
-    ) -> Result<(Option<LogId>, StoredMembership<NodeId, EmptyNode>), StorageError> {
-        let inner = self.lock();
-        Ok((inner.state.applied, inner.state.membership.clone()))
+        .await
+        .map_err(|e| StorageIOError::write_state_machine(AnyError::new(&e)).into())
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Applied>, StorageError>
-    where
-        I: IntoIterator<Item = Entry> + OptionalSend,
-        I::IntoIter: OptionalSend,
-    {
+    /// Applies `entries` under the state machine's lock; what is left to do without it (save
+    /// the state file, publish the high watermark) is returned.
+    // openraft's `StorageError` (large) is what `apply` returns; converting here gains nothing.
+    #[allow(clippy::result_large_err)]
+    fn apply_locked(
+        &self,
+        entries: impl IntoIterator<Item = Entry>,
+    ) -> Result<AppliedEntries, StorageError> {
         let mut out = Vec::new();
         let mut inner = self.lock();
         let mut must_save = false;
@@ -524,18 +484,119 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
         let hw = inner.next_kafka;
         let table_due = matches!(self.kind, GroupKind::Table(_))
             && inner.since_save >= self.table_snapshot_every;
-        if must_save
+        let to_save = if must_save
             || (matches!(self.kind, GroupKind::Data) && inner.since_save >= SAVE_EVERY_ENTRIES)
         {
-            self.save(&mut inner)
-                .map_err(|e| StorageIOError::write_state_machine(AnyError::new(&e)))?;
+            self.state_to_save(&mut inner)
+        } else {
+            None
+        };
+        Ok(AppliedEntries {
+            out,
+            high_watermark: hw,
+            to_save,
+            snapshot_wanted: must_save || table_due,
+        })
+    }
+
+    /// Saves what is applied (a clean shutdown).
+    pub fn save_now(&self) -> std::io::Result<()> {
+        let mut inner = self.lock();
+        self.save(&mut inner)
+    }
+}
+
+/// What [`StateMachine::apply_locked`] leaves to do once the lock is released.
+struct AppliedEntries {
+    out: Vec<Applied>,
+    high_watermark: i64,
+    /// The state file's new content, when a save is due.
+    to_save: Option<GroupState>,
+    snapshot_wanted: bool,
+}
+
+impl RaftSnapshotBuilder<KilnRaft> for StateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<KilnRaft>, StorageError> {
+        let mut inner = self.lock();
+        let (last_log_id, data) = match &self.kind {
+            GroupKind::Data => {
+                let kafka = inner.state.log_start.as_ref().map_or(0, |l| l.kafka_offset);
+                (
+                    inner.state.log_start.as_ref().map(|l| l.last_purged),
+                    encode_data_snapshot(
+                        kafka,
+                        inner.state.records_start,
+                        &inner.producers.encode(),
+                    ),
+                )
+            }
+            GroupKind::Table(table) => {
+                let bytes = table.snapshot().map_err(|e| {
+                    StorageIOError::write_snapshot(
+                        None,
+                        AnyError::error(format!("table snapshot: {e}")),
+                    )
+                })?;
+                let applied = inner.state.applied;
+                inner.state.table = Some(Bytes::from(bytes.clone()));
+                if let Some(a) = applied {
+                    // The table is as of `applied`, and so is the membership applied.
+                    inner.state.log_start = Some(LogStart {
+                        last_purged: a,
+                        kafka_offset: inner.next_kafka,
+                        membership: inner.state.membership.clone(),
+                    });
+                }
+                let shared = &self.store.shared;
+                inner
+                    .state
+                    .save(shared.fs.as_ref(), &shared.dir)
+                    .map_err(|e| StorageIOError::write_snapshot(None, AnyError::new(&e)))?;
+                inner.since_save = 0;
+                tracing::info!(dir = %shared.dir.display(), applied = ?applied.map(|a| a.index), bytes = bytes.len(), "table snapshot written; the log before it is purged");
+                (applied, encode_snapshot(inner.next_kafka, Some(&bytes)))
+            }
+        };
+        let meta = SnapshotMeta {
+            last_log_id,
+            last_membership: inner
+                .state
+                .log_start
+                .as_ref()
+                .map_or_else(|| inner.state.membership.clone(), |l| l.membership.clone()),
+            snapshot_id: format!("{last_log_id:?}"),
+        };
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}
+
+impl RaftStateMachine<KilnRaft> for StateMachine {
+    type SnapshotBuilder = StateMachine;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId>, StoredMembership<NodeId, EmptyNode>), StorageError> {
+        let inner = self.lock();
+        Ok((inner.state.applied, inner.state.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Applied>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let applied = self.apply_locked(entries)?;
+        if let Some(state) = applied.to_save {
+            self.write_state(state).await?;
         }
-        drop(inner);
-        self.high_watermark.send_replace(hw);
-        if must_save || table_due {
+        self.high_watermark.send_replace(applied.high_watermark);
+        if applied.snapshot_wanted {
             self.snapshot_wanted.notify_one();
         }
-        Ok(out)
+        Ok(applied.out)
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
