@@ -66,6 +66,51 @@ struct SmInner {
     /// The high watermark: the Kafka offset after every applied record.
     next_kafka: i64,
     since_save: u64,
+    /// The generation of the last state-file content built (see [`FileGate`]).
+    save_generation: u64,
+}
+
+impl SmInner {
+    /// The generation for a state-file content built now, under the lock: generations follow
+    /// the states they are built from.
+    fn next_generation(&mut self) -> u64 {
+        self.save_generation += 1;
+        self.save_generation
+    }
+}
+
+/// Orders the `state` file's writes, which may run outside the state machine's lock (the
+/// periodic save and a table group's snapshot are written on the blocking pool): each content
+/// carries the generation it was built in, and a write older than the last one written is
+/// skipped, so the file never goes back to an earlier state.
+#[derive(Default)]
+struct FileGate {
+    /// The generation of the content the file holds (0: none written since opening).
+    written: Mutex<u64>,
+}
+
+impl FileGate {
+    /// Writes `state`, built in `generation`, unless a later content is written already.
+    fn write(
+        &self,
+        fs: &dyn kiln_log::fs::Fs,
+        dir: &std::path::Path,
+        state: &GroupState,
+        generation: u64,
+    ) -> std::io::Result<()> {
+        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        assert_ne!(
+            generation, *written,
+            "a state-file content is written at most once"
+        );
+        if generation < *written {
+            tracing::debug!(dir = %dir.display(), generation, written = *written, "a later state is saved already; this one is skipped");
+            return Ok(());
+        }
+        state.save(fs, dir)?;
+        *written = generation;
+        Ok(())
+    }
 }
 
 /// See the module docs. Cheap to clone.
@@ -75,6 +120,7 @@ pub struct StateMachine {
     high_watermark: Arc<watch::Sender<i64>>,
     store: LogStore,
     kind: GroupKind,
+    file_gate: Arc<FileGate>,
     /// Woken when a snapshot is due (the log start moved, or a table grew a log behind it).
     snapshot_wanted: Arc<Notify>,
     table_snapshot_every: u64,
@@ -208,7 +254,9 @@ impl StateMachine {
                 producers,
                 next_kafka,
                 since_save: 0,
+                save_generation: 0,
             })),
+            file_gate: Arc::new(FileGate::default()),
             high_watermark: Arc::new(tx),
             store,
             kind,
@@ -258,7 +306,7 @@ impl StateMachine {
 
     /// The state file's content as of what is applied, never past what the log has synced;
     /// `None` for a table group, whose file is written with its snapshot only. Counts as saved.
-    fn state_to_save(&self, inner: &mut SmInner) -> Option<GroupState> {
+    fn state_to_save(&self, inner: &mut SmInner) -> Option<(GroupState, u64)> {
         let durable = self.store.shared.log.durable_tail();
         let mut state = inner.state.clone();
         if let Some(a) = state.applied {
@@ -281,33 +329,31 @@ impl StateMachine {
         // applying the entries in between again changes nothing (`producers.rs`).
         state.table = Some(Bytes::from(inner.producers.encode()));
         inner.since_save = 0;
-        Some(state)
+        Some((state, inner.next_generation()))
     }
 
     /// Saves the applied position (never past what the log has synced), on this thread.
     fn save(&self, inner: &mut SmInner) -> std::io::Result<()> {
         match self.state_to_save(inner) {
-            Some(state) => {
+            Some((state, generation)) => {
                 let shared = &self.store.shared;
-                state.save(shared.fs.as_ref(), &shared.dir)
+                self.file_gate
+                    .write(shared.fs.as_ref(), &shared.dir, &state, generation)
             }
             None => Ok(()),
         }
     }
 
-    /// Writes `state` on the blocking pool: the write is two fsyncs (the file's and its
-    /// directory's), which on a runtime worker would stall every task queued behind it for as
-    /// long, and `apply` holds no lock while it waits (readers of the high watermark and the
-    /// producers go on). A data partition's saves do not race: while the replica runs only
-    /// `apply` and `install_snapshot` save it, one at a time (openraft's state machine worker
-    /// runs its commands in order); a table group's file is written by its snapshot builder
-    /// alone.
-    async fn write_state(&self, state: GroupState) -> Result<(), StorageError> {
+    /// Writes `state`, built in `generation`, on the blocking pool: the write is two fsyncs (the
+    /// file's and its directory's), which on a runtime worker would stall every task queued
+    /// behind it, and nobody waits on the state machine's lock meanwhile (readers of the
+    /// producers and the high watermark go on). [`FileGate`] keeps the writes in order.
+    async fn write_state(&self, state: GroupState, generation: u64) -> std::io::Result<()> {
         let shared = Arc::clone(&self.store.shared);
+        let gate = Arc::clone(&self.file_gate);
         let dir = shared.dir.clone();
         crate::log_store::off_the_runtime(&dir, move || {
-            state
-                .save(shared.fs.as_ref(), &shared.dir)
+            gate.write(shared.fs.as_ref(), &shared.dir, &state, generation)
                 .map_err(|source| kiln_log::LogError::Io {
                     op: "writing the state file",
                     path: shared.dir.join(crate::state::STATE_FILE),
@@ -315,7 +361,7 @@ impl StateMachine {
                 })
         })
         .await
-        .map_err(|e| StorageIOError::write_state_machine(AnyError::new(&e)).into())
+        .map_err(std::io::Error::other)
     }
 
     /// Applies `entries` under the state machine's lock; what is left to do without it (save
@@ -510,15 +556,52 @@ impl StateMachine {
 struct AppliedEntries {
     out: Vec<Applied>,
     high_watermark: i64,
-    /// The state file's new content, when a save is due.
-    to_save: Option<GroupState>,
+    /// The state file's new content and its generation, when a save is due.
+    to_save: Option<(GroupState, u64)>,
     snapshot_wanted: bool,
 }
 
 impl RaftSnapshotBuilder<KilnRaft> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<KilnRaft>, StorageError> {
+        let built = self.snapshot_locked()?;
+        if let Some(file) = built.file {
+            self.write_state(file.state, file.generation)
+                .await
+                .map_err(|e| StorageIOError::write_snapshot(None, AnyError::new(&e)))?;
+            tracing::info!(dir = %self.store.shared.dir.display(), applied = ?file.applied.map(|a| a.index), bytes = file.table_bytes, "table snapshot written; the log before it is purged");
+        }
+        Ok(Snapshot {
+            meta: built.meta,
+            snapshot: Box::new(Cursor::new(built.data)),
+        })
+    }
+}
+
+/// A snapshot built under the state machine's lock.
+struct BuiltSnapshot {
+    meta: SnapshotMeta<NodeId, EmptyNode>,
+    data: Vec<u8>,
+    /// A table group's state file, to write once the lock is released.
+    file: Option<SnapshotFile>,
+}
+
+/// A table snapshot's state file.
+struct SnapshotFile {
+    state: GroupState,
+    generation: u64,
+    /// The last entry the table covers.
+    applied: Option<LogId>,
+    table_bytes: usize,
+}
+
+impl StateMachine {
+    /// Builds a snapshot under the state machine's lock. A table group's snapshot is its state
+    /// file, returned for writing once the lock is released.
+    // openraft's `StorageError` (large) is what `build_snapshot` returns.
+    #[allow(clippy::result_large_err)]
+    fn snapshot_locked(&self) -> Result<BuiltSnapshot, StorageError> {
         let mut inner = self.lock();
-        let (last_log_id, data) = match &self.kind {
+        let (last_log_id, data, to_write) = match &self.kind {
             GroupKind::Data => {
                 let kafka = inner.state.log_start.as_ref().map_or(0, |l| l.kafka_offset);
                 (
@@ -528,6 +611,7 @@ impl RaftSnapshotBuilder<KilnRaft> for StateMachine {
                         inner.state.records_start,
                         &inner.producers.encode(),
                     ),
+                    None,
                 )
             }
             GroupKind::Table(table) => {
@@ -547,14 +631,19 @@ impl RaftSnapshotBuilder<KilnRaft> for StateMachine {
                         membership: inner.state.membership.clone(),
                     });
                 }
-                let shared = &self.store.shared;
-                inner
-                    .state
-                    .save(shared.fs.as_ref(), &shared.dir)
-                    .map_err(|e| StorageIOError::write_snapshot(None, AnyError::new(&e)))?;
                 inner.since_save = 0;
-                tracing::info!(dir = %shared.dir.display(), applied = ?applied.map(|a| a.index), bytes = bytes.len(), "table snapshot written; the log before it is purged");
-                (applied, encode_snapshot(inner.next_kafka, Some(&bytes)))
+                let generation = inner.next_generation();
+                let file = SnapshotFile {
+                    state: inner.state.clone(),
+                    generation,
+                    applied,
+                    table_bytes: bytes.len(),
+                };
+                (
+                    applied,
+                    encode_snapshot(inner.next_kafka, Some(&bytes)),
+                    Some(file),
+                )
             }
         };
         let meta = SnapshotMeta {
@@ -566,9 +655,10 @@ impl RaftSnapshotBuilder<KilnRaft> for StateMachine {
                 .map_or_else(|| inner.state.membership.clone(), |l| l.membership.clone()),
             snapshot_id: format!("{last_log_id:?}"),
         };
-        Ok(Snapshot {
+        Ok(BuiltSnapshot {
             meta,
-            snapshot: Box::new(Cursor::new(data)),
+            data,
+            file: to_write,
         })
     }
 }
@@ -589,8 +679,10 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
         I::IntoIter: OptionalSend,
     {
         let applied = self.apply_locked(entries)?;
-        if let Some(state) = applied.to_save {
-            self.write_state(state).await?;
+        if let Some((state, generation)) = applied.to_save {
+            self.write_state(state, generation)
+                .await
+                .map_err(|e| StorageIOError::write_state_machine(AnyError::new(&e)))?;
         }
         self.high_watermark.send_replace(applied.high_watermark);
         if applied.snapshot_wanted {
@@ -653,9 +745,11 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
         inner.next_kafka = kafka;
         inner.state.records_start = inner.state.records_start.max(records_start);
         let shared = &self.store.shared;
-        inner
-            .state
-            .save(shared.fs.as_ref(), &shared.dir)
+        // Written here, under the lock, before the log is reset to the snapshot (rare: a
+        // follower far behind); the gate orders it with a snapshot being built meanwhile.
+        let generation = inner.next_generation();
+        self.file_gate
+            .write(shared.fs.as_ref(), &shared.dir, &inner.state, generation)
             .map_err(|e| {
                 StorageIOError::write_snapshot(Some(meta.signature()), AnyError::new(&e))
             })?;
@@ -711,5 +805,52 @@ pub(crate) fn core_read_mode(kind: &GroupKind) -> ReadMode {
     match kind {
         GroupKind::Data => ReadMode::Summary,
         GroupKind::Table(_) => ReadMode::Full,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::path::Path;
+    use std::time::Duration;
+
+    use kiln_log::fs::Fs;
+    use kiln_log::sim_fs::{SimFs, SyncBehaviour};
+
+    use super::*;
+
+    /// Two saves whose writes finish in the other order than their contents were built (the
+    /// periodic save or a table snapshot on the blocking pool, an installed snapshot inline):
+    /// the file keeps the later content.
+    #[test]
+    fn the_state_file_never_goes_back_to_an_earlier_content() {
+        let sim = SimFs::new(Duration::ZERO, SyncBehaviour::Honest);
+        let dir = Path::new("/r");
+        sim.create_dir_all(dir).unwrap();
+        let gate = FileGate::default();
+        let state_at = |records_start: i64| GroupState {
+            records_start,
+            ..GroupState::default()
+        };
+        let saved = || GroupState::load(&sim, dir).unwrap().unwrap().records_start;
+
+        gate.write(&sim, dir, &state_at(20), 2).unwrap();
+        assert_eq!(saved(), 20);
+        // Built before the one above, written after it: skipped.
+        gate.write(&sim, dir, &state_at(10), 1).unwrap();
+        assert_eq!(saved(), 20);
+        gate.write(&sim, dir, &state_at(30), 3).unwrap();
+        assert_eq!(saved(), 30);
+    }
+
+    #[test]
+    #[should_panic(expected = "written at most once")]
+    fn a_content_is_never_written_twice() {
+        let sim = SimFs::new(Duration::ZERO, SyncBehaviour::Honest);
+        let dir = Path::new("/r");
+        sim.create_dir_all(dir).unwrap();
+        let gate = FileGate::default();
+        gate.write(&sim, dir, &GroupState::default(), 1).unwrap();
+        let _ = gate.write(&sim, dir, &GroupState::default(), 1);
     }
 }
