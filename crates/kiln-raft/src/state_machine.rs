@@ -20,7 +20,7 @@ use std::io::Cursor;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
-use kiln_log::ReadMode;
+use kiln_log::{LogError, ReadMode};
 use openraft::storage::RaftStateMachine;
 use openraft::{
     AnyError, EmptyNode, EntryPayload, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta,
@@ -28,7 +28,7 @@ use openraft::{
 };
 use tokio::sync::{watch, Notify};
 
-use crate::log_store::LogStore;
+use crate::log_store::{lock, LogStore};
 use crate::payload::{Command, Payload};
 use crate::producers::ProducerTable;
 use crate::record::Reader;
@@ -98,7 +98,7 @@ impl FileGate {
         state: &GroupState,
         generation: u64,
     ) -> std::io::Result<()> {
-        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        let mut written = lock(&self.written);
         assert_ne!(
             generation, *written,
             "a state-file content is written at most once"
@@ -266,7 +266,7 @@ impl StateMachine {
     }
 
     fn lock(&self) -> MutexGuard<'_, SmInner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.inner)
     }
 
     /// The Kafka offset after the last purged entry (`i64::MIN` before any purge): log starts
@@ -307,6 +307,9 @@ impl StateMachine {
     /// The state file's content as of what is applied, never past what the log has synced;
     /// `None` for a table group, whose file is written with its snapshot only. Counts as saved.
     fn state_to_save(&self, inner: &mut SmInner) -> Option<(GroupState, u64)> {
+        if matches!(self.kind, GroupKind::Table(_)) {
+            return None;
+        }
         let durable = self.store.shared.log.durable_tail();
         let mut state = inner.state.clone();
         if let Some(a) = state.applied {
@@ -322,9 +325,6 @@ impl StateMachine {
                 state.applied = Some(purged);
             }
         }
-        if matches!(self.kind, GroupKind::Table(_)) {
-            return None;
-        }
         // The producers as of the in-memory applied position, which may be past the saved one:
         // applying the entries in between again changes nothing (`producers.rs`).
         state.table = Some(Bytes::from(inner.producers.encode()));
@@ -332,36 +332,23 @@ impl StateMachine {
         Some((state, inner.next_generation()))
     }
 
-    /// Saves the applied position (never past what the log has synced), on this thread.
-    fn save(&self, inner: &mut SmInner) -> std::io::Result<()> {
-        match self.state_to_save(inner) {
-            Some((state, generation)) => {
-                let shared = &self.store.shared;
-                self.file_gate
-                    .write(shared.fs.as_ref(), &shared.dir, &state, generation)
-            }
-            None => Ok(()),
-        }
-    }
-
     /// Writes `state`, built in `generation`, on the blocking pool: the write is two fsyncs (the
     /// file's and its directory's), which on a runtime worker would stall every task queued
     /// behind it, and nobody waits on the state machine's lock meanwhile (readers of the
     /// producers and the high watermark go on). [`FileGate`] keeps the writes in order.
-    async fn write_state(&self, state: GroupState, generation: u64) -> std::io::Result<()> {
+    async fn write_state(&self, state: GroupState, generation: u64) -> Result<(), LogError> {
         let shared = Arc::clone(&self.store.shared);
         let gate = Arc::clone(&self.file_gate);
         let dir = shared.dir.clone();
         crate::log_store::off_the_runtime(&dir, move || {
             gate.write(shared.fs.as_ref(), &shared.dir, &state, generation)
-                .map_err(|source| kiln_log::LogError::Io {
+                .map_err(|source| LogError::Io {
                     op: "writing the state file",
                     path: shared.dir.join(crate::state::STATE_FILE),
                     source,
                 })
         })
         .await
-        .map_err(std::io::Error::other)
     }
 
     /// Applies `entries` under the state machine's lock; what is left to do without it (save
@@ -547,8 +534,12 @@ impl StateMachine {
 
     /// Saves what is applied (a clean shutdown).
     pub fn save_now(&self) -> std::io::Result<()> {
-        let mut inner = self.lock();
-        self.save(&mut inner)
+        let Some((state, generation)) = self.state_to_save(&mut self.lock()) else {
+            return Ok(());
+        };
+        let shared = &self.store.shared;
+        self.file_gate
+            .write(shared.fs.as_ref(), &shared.dir, &state, generation)
     }
 }
 
