@@ -221,6 +221,38 @@ fn write_lock<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// How a sync waits for each of its fsyncs: on the runtime's blocking pool (the file's own
+/// [`FsFile::sync`](crate::fs::FsFile::sync)), or on the calling thread.
+#[derive(Clone, Copy)]
+enum Wait {
+    Task,
+    InPlace,
+}
+
+impl Wait {
+    async fn sync(self, f: &Arc<dyn crate::fs::FsFile>) -> std::io::Result<()> {
+        match self {
+            Wait::Task => f.sync().await,
+            Wait::InPlace => f.sync_now(),
+        }
+    }
+}
+
+/// Runs a sync made with [`Wait::InPlace`] to its end: nothing in it waits on anything else,
+/// so its first poll finishes it.
+fn in_place<T>(work: impl std::future::Future<Output = T>) -> T {
+    let mut work = std::pin::pin!(work);
+    match work
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+    {
+        std::task::Poll::Ready(out) => out,
+        std::task::Poll::Pending => {
+            unreachable!("a sync in place waited on something (every fsync is made in place)")
+        }
+    }
+}
+
 fn min_mark(a: Mark, b: Mark) -> Mark {
     if a.len <= b.len {
         a
@@ -588,6 +620,17 @@ impl Log {
     /// header claims what the previous sync made durable (a claim is written only once true;
     /// [`Log::sync_header`] brings it up to date when no more writes come).
     pub async fn sync(&self) -> Result<(), LogError> {
+        self.sync_with(Wait::Task).await
+    }
+
+    /// [`Log::sync`] with every fsync made on the calling thread (`fdatasync` in place, the
+    /// simulated file's at once): for a thread that does nothing else, so one fsync follows the
+    /// last without waiting for a runtime to schedule it. Never on a runtime worker.
+    pub fn sync_in_place(&self) -> Result<(), LogError> {
+        in_place(self.sync_with(Wait::InPlace))
+    }
+
+    async fn sync_with(&self, wait: Wait) -> Result<(), LogError> {
         self.check_poison()?;
         let (active, target, rolled, dir_dirty) = {
             let mut st = lock(&self.inner.append);
@@ -596,7 +639,7 @@ impl Log {
             (st.active.clone(), st.active.end(), rolled, dirty)
         };
         for seg in &rolled {
-            self.seal(seg).await?;
+            self.seal(seg, wait).await?;
         }
         if dir_dirty {
             self.inner
@@ -605,7 +648,7 @@ impl Log {
                 .map_err(|e| self.poison(format!("fsync {}: {e}", self.inner.dir.display())))?;
         }
         self.write_claim(&active)?;
-        if let Err(e) = active.file.sync().await {
+        if let Err(e) = wait.sync(&active.file).await {
             return Err(self.sync_failed(e, &active.path.display().to_string()));
         }
         let checkpoint_due = {
@@ -633,7 +676,7 @@ impl Log {
         if checkpoint_due {
             // The checkpoint vouches for the index files below it: they go to disk first.
             for f in [active.offsets.file(), active.times.file()] {
-                if let Err(e) = f.sync().await {
+                if let Err(e) = wait.sync(f).await {
                     tracing::warn!(error = %e, "could not fsync an index file; the checkpoint waits");
                     return Ok(());
                 }
@@ -669,29 +712,35 @@ impl Log {
 
     /// Brings the active segment's header claim up to what is durable, and fsyncs it.
     pub async fn sync_header(&self) -> Result<(), LogError> {
+        self.sync_header_with(Wait::Task).await
+    }
+
+    /// [`Log::sync_header`] with its fsync on the calling thread (see [`Log::sync_in_place`]).
+    pub fn sync_header_in_place(&self) -> Result<(), LogError> {
+        in_place(self.sync_header_with(Wait::InPlace))
+    }
+
+    async fn sync_header_with(&self, wait: Wait) -> Result<(), LogError> {
         self.check_poison()?;
         let active = lock(&self.inner.append).active.clone();
         self.write_claim(&active)?;
-        active
-            .file
-            .sync()
+        wait.sync(&active.file)
             .await
             .map_err(|e| self.sync_failed(e, &active.path.display().to_string()))
     }
 
     /// Seals a rolled-off segment: its data and indexes fsynced, then a slot saying it is
     /// whole, fsynced too.
-    async fn seal(&self, seg: &Segment) -> Result<(), LogError> {
+    async fn seal(&self, seg: &Segment, wait: Wait) -> Result<(), LogError> {
         for f in [&seg.file, seg.offsets.file(), seg.times.file()] {
-            if let Err(e) = f.sync().await {
+            if let Err(e) = wait.sync(f).await {
                 return Err(self.sync_failed(e, &f.describe()));
             }
         }
         let end = seg.end();
         let slot = seg.slot(end, end, seg.max_ts(), true);
         seg.write_slot(&slot)?;
-        seg.file
-            .sync()
+        wait.sync(&seg.file)
             .await
             .map_err(|e| self.sync_failed(e, &seg.path.display().to_string()))
     }

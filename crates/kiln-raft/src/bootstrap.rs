@@ -82,7 +82,9 @@ pub fn write_single_replica_group(
                 index,
                 term: 1,
                 body: match p {
-                    Payload::Records { batches, .. } => EntryBody::Records(batches),
+                    Payload::Records { batches, .. } | Payload::WrittenAhead { batches, .. } => {
+                        EntryBody::Records(batches)
+                    }
                     Payload::Command(c) => {
                         EntryBody::Control(ControlKind::Command, Bytes::from(c.encode()))
                     }

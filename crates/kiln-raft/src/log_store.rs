@@ -17,6 +17,17 @@
 //! replica never votes before it is refilled. A single replica has nobody to refill it, so its
 //! claim follows a few milliseconds later, off the write path.
 //!
+//! Written ahead: a leader's proposer writes a new entry of records into the log itself, at the
+//! index Raft is about to give it, and queues its sync, before it hands the entry to Raft
+//! ([`LogStore::write_ahead`]); the fsync then starts without waiting for the Raft core to
+//! take the entry. When the core appends it, the store adopts what is written: same index,
+//! term and token. Anything else the core appends there (a membership change or a new leader's
+//! blank entry that came first, another leader's entries) cuts what was written ahead, which
+//! was never acknowledged, and is written as usual; an entry written ahead that the core then
+//! appends elsewhere carries its bytes and is written like a replicated one. Only the leader of
+//! the term the vote names writes ahead, so nothing is written in a term this replica does not
+//! lead.
+//!
 //! Reads: the most recent entries are kept in a bounded cache (replication to followers and
 //! applying read them right after they are written); older ones come from the segments. The
 //! store openraft's core owns reads a data partition's entries as summaries (record counts, no
@@ -48,12 +59,16 @@ use crate::full_disk::retry_when_full;
 use crate::guard::{Guard, ReplicaHealth};
 use crate::payload::{Command, Payload};
 use crate::record::{decode_membership, encode_membership, Reader, VoteState};
-use crate::types::{Entry, KilnRaft, LogId, StorageError, Vote};
+use crate::types::{Entry, KilnRaft, LogId, NodeId, StorageError, Vote};
 use crate::vote::{VoteFile, VoteRecovery};
 
 mod flush;
 use flush::{Flushes, Pending, FLUSHES_PENDING_MAX};
 
+/// Entries written ahead and not yet appended by Raft, per replica: the proposer's entries in
+/// flight (`ENTRIES_IN_FLIGHT`) and a few more. Past it the proposer hands entries to Raft
+/// unwritten.
+pub const WRITTEN_AHEAD_MAX: usize = 16;
 /// Bytes of recent entries one replica keeps in memory.
 pub const ENTRY_CACHE_BYTES_MAX: usize = 4 << 20;
 /// Bytes one replication read gathers (openraft's `limited_get_log_entries`), at least one
@@ -175,8 +190,21 @@ pub(crate) struct Shared {
     flushes: Mutex<Flushes>,
     /// Told when the flusher stops with nothing queued.
     flushed: tokio::sync::Notify,
-    /// Held while entries are written: by `append`, and by the flusher writing them again.
-    write_gate: Mutex<()>,
+    /// Held while entries are written: by `append`, by `write_ahead`, and by the flusher
+    /// writing them again. Guards the entries written ahead.
+    write_gate: Mutex<Ahead>,
+}
+
+/// Entries written ahead of Raft (see the module docs), under the write gate.
+#[derive(Default)]
+struct Ahead {
+    /// (index, term, token) of each, in log order; they end the log.
+    written: VecDeque<(u64, u64, u64)>,
+    /// The token the next one gets.
+    next_token: u64,
+    /// Raft is cutting what was written ahead to append its own entries there: nothing is
+    /// written ahead until it has.
+    cutting: bool,
 }
 
 /// The Raft log store of one replica (cheap to clone; clones share the log).
@@ -327,7 +355,7 @@ impl LogStore {
             repairable,
             flushes: Mutex::new(Flushes::default()),
             flushed: tokio::sync::Notify::new(),
-            write_gate: Mutex::new(()),
+            write_gate: Mutex::new(Ahead::default()),
         };
         Ok((
             LogStore {
@@ -469,6 +497,28 @@ impl LogStore {
                         EntryBody::Records(std::mem::take(batches))
                     }
                 }
+                // Written ahead, then cut or moved (see the module docs): its bytes as stored,
+                // which must land at the Kafka offset they were stamped with.
+                EntryPayload::Normal(Payload::WrittenAhead {
+                    batches,
+                    record_count,
+                    kafka_offset,
+                    ..
+                }) => {
+                    if *kafka_offset != kafka {
+                        let why = format!(
+                            "entry {} was written ahead at Kafka offset {kafka_offset}, this log would put it at {kafka}",
+                            e.log_id.index
+                        );
+                        return Err(StorageIOError::write_log_entry(
+                            e.log_id,
+                            io_err(Refused(why)),
+                        )
+                        .into());
+                    }
+                    kafka += i64::from(*record_count);
+                    EntryBody::Records(batches.clone())
+                }
                 EntryPayload::Normal(Payload::Summary { .. }) => {
                     let why = format!(
                         "entry {} is a summary, which is never written",
@@ -500,7 +550,10 @@ impl LogStore {
                 .sum::<i64>();
         for (e, bytes) in entries.into_iter().zip(stored) {
             let payload = match e.payload {
-                EntryPayload::Normal(Payload::Records { record_count, .. }) => {
+                EntryPayload::Normal(
+                    Payload::Records { record_count, .. }
+                    | Payload::WrittenAhead { record_count, .. },
+                ) => {
                     let p = EntryPayload::Normal(Payload::Records {
                         batches: bytes,
                         record_count,
@@ -553,6 +606,149 @@ impl LogStore {
             }
         })
         .await
+    }
+
+    /// Writes `payload`, a producer's new records, into the log as the entry Raft will append
+    /// next in `term`, and queues its sync (see the module docs); returns what to hand Raft
+    /// instead. `leader`: this replica's id. Left as it is (Raft's append writes it) unless the
+    /// vote says this replica leads `term`, fewer than [`WRITTEN_AHEAD_MAX`] are written ahead
+    /// and Raft is not cutting them; and after a failed write, which Raft's append then meets
+    /// itself (a full disk is waited out there).
+    pub(crate) fn write_ahead(&self, term: u64, leader: NodeId, payload: Payload) -> Payload {
+        let Payload::Records {
+            batches,
+            record_count,
+            kafka_offset: None,
+        } = payload
+        else {
+            return payload;
+        };
+        // Under the gate: Raft's appends are ordered with this one. A vote saved for a later
+        // term just after this check is harmless: that term's entries cut this one (and a log's
+        // terms never decrease, so none can be written behind them).
+        let mut ahead = lock(&self.shared.write_gate);
+        let leads = lock(&self.shared.vote).is_some_and(|v| {
+            v.committed && v.leader_id.term == term && v.leader_id.voted_for == Some(leader)
+        });
+        if !leads || ahead.cutting || ahead.written.len() >= WRITTEN_AHEAD_MAX {
+            return Payload::records(batches, record_count);
+        }
+        let tail = self.shared.log.tail();
+        if let Some(&(last, _, _)) = ahead.written.back() {
+            assert_eq!(
+                last + 1,
+                tail.next_index,
+                "the entries written ahead end the log"
+            );
+        }
+        let index = tail.next_index;
+        let mut news = vec![NewEntry {
+            index,
+            term,
+            body: EntryBody::Records(batches),
+        }];
+        let now = now_ms();
+        let writing = self.shared.health.writing();
+        match self.shared.log.append(&mut news, now) {
+            Ok(stored) => {
+                let token = ahead.next_token;
+                ahead.next_token += 1;
+                ahead.written.push_back((index, term, token));
+                let as_stored = stored.first().cloned().unwrap_or_default();
+                let entry = Entry {
+                    log_id: log_id(term, index),
+                    payload: EntryPayload::Normal(Payload::records(Bytes::new(), record_count)),
+                };
+                self.cache_written(vec![entry], stored);
+                flush::queue(
+                    &self.shared,
+                    Pending {
+                        entries: news,
+                        now_ms: now,
+                        writing,
+                    },
+                );
+                Payload::WrittenAhead {
+                    batches: as_stored,
+                    record_count,
+                    kafka_offset: tail.next_kafka,
+                    token,
+                }
+            }
+            Err(e) => {
+                tracing::debug!(dir = %self.shared.dir.display(), error = %e, "writing ahead failed; Raft's append writes the entry");
+                let Some(NewEntry {
+                    body: EntryBody::Records(batches),
+                    ..
+                }) = news.pop()
+                else {
+                    unreachable!("the entry written ahead is the records it was given");
+                };
+                Payload::records(batches, record_count)
+            }
+        }
+    }
+
+    /// Takes the entries written ahead that Raft appends now off the front of `entries` (same
+    /// index, term and token), and returns how many. When more follow at an index the log
+    /// already holds (written ahead, and not these), returns that index too: what is written
+    /// ahead from there must be cut before they are written.
+    fn adopt(&self, entries: &mut Vec<Entry>) -> (usize, Option<u64>) {
+        let mut ahead = lock(&self.shared.write_gate);
+        let mut n = 0;
+        for e in entries.iter() {
+            let Some(&(index, term, token)) = ahead.written.front() else {
+                break;
+            };
+            let same = index == e.log_id.index
+                && term == e.log_id.leader_id.term
+                && matches!(&e.payload, EntryPayload::Normal(Payload::WrittenAhead { token: t, .. }) if *t == token);
+            if !same {
+                break;
+            }
+            ahead.written.pop_front();
+            n += 1;
+        }
+        entries.drain(..n);
+        let tail = self.shared.log.tail().next_index;
+        let cut = entries
+            .first()
+            .map(|e| e.log_id.index)
+            .filter(|&i| i < tail);
+        if let Some(from) = cut {
+            // Raft appends after its own last entry: everything the log holds past it was
+            // written ahead and not adopted.
+            assert_eq!(
+                ahead.written.front().map(|w| w.0),
+                Some(from),
+                "Raft appends at {from}, inside the log (ending at {tail}), not where the entries written ahead start"
+            );
+            ahead.written.clear();
+            ahead.cutting = true;
+        }
+        (n, cut)
+    }
+
+    /// Cuts the log from `index` on, durably, once every append queued before is flushed.
+    async fn cut_from(&self, index: u64) -> Result<(), StorageError> {
+        flush::drain(&self.shared).await;
+        let log = self.shared.log.clone();
+        let dir = &self.shared.dir;
+        let what = dir.display().to_string();
+        retry_when_full(&what, &self.shared.health, || {
+            let log = log.clone();
+            async move { off_the_runtime(dir, move || log.truncate_from(index)).await }
+        })
+        .await
+        .map_err(|e| StorageIOError::write_logs(io_err(e)))?;
+        lock(&self.shared.cache).truncate_from(index);
+        Ok(())
+    }
+
+    /// Forgets the entries written ahead: the log is about to be reset under them (a snapshot
+    /// installed, which only a follower does).
+    pub(crate) fn forget_written_ahead(&self) {
+        lock(&self.shared.write_gate).written.clear();
     }
 
     /// Reports an append that was not queued for a flush: flushed, or failed.
@@ -756,6 +952,17 @@ impl RaftLogStorage<KilnRaft> for LogStore {
             callback.log_io_completed(Ok(()));
             return Ok(());
         };
+        let (_, cut) = self.adopt(&mut entries);
+        if entries.is_empty() {
+            flush::wait(&self.shared, last.index, callback);
+            return Ok(());
+        }
+        if let Some(from) = cut {
+            if let Err(e) = self.cut_from(from).await {
+                callback.log_io_completed(Err(io::Error::other(e.to_string())));
+                return Err(e);
+            }
+        }
         let mut news = match self.encode(&mut entries) {
             Ok(b) => b,
             Err(e) => {
@@ -766,17 +973,23 @@ impl RaftLogStorage<KilnRaft> for LogStore {
         let now = now_ms();
         let writing = self.shared.health.writing();
         let written = {
-            let _gate = lock(&self.shared.write_gate);
+            let mut ahead = lock(&self.shared.write_gate);
+            ahead.cutting = false;
+            assert!(
+                ahead.written.is_empty(),
+                "Raft writes at the log's end, past anything written ahead"
+            );
             match self.shared.log.append(&mut news, now) {
                 Ok(stored) => {
                     self.cache_written(entries, stored);
                     let p = Pending {
                         entries: news,
                         now_ms: now,
-                        callback,
                         writing,
                     };
-                    Ok(flush::queue(&self.shared, p))
+                    let queued = flush::queue(&self.shared, p);
+                    flush::wait(&self.shared, last.index, callback);
+                    Ok(queued)
                 }
                 Err(e) => Err((e, news, callback, writing)),
             }
@@ -801,18 +1014,9 @@ impl RaftLogStorage<KilnRaft> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        flush::drain(&self.shared).await;
-        let log = self.shared.log.clone();
-        let dir = &self.shared.dir;
-        let what = dir.display().to_string();
-        retry_when_full(&what, &self.shared.health, || {
-            let log = log.clone();
-            async move { off_the_runtime(dir, move || log.truncate_from(log_id.index)).await }
-        })
-        .await
-        .map_err(|e| StorageIOError::write_logs(io_err(e)))?;
-        lock(&self.shared.cache).truncate_from(log_id.index);
-        Ok(())
+        // Raft cuts only entries it appended, so what was written ahead (past them) goes too.
+        lock(&self.shared.write_gate).written.clear();
+        self.cut_from(log_id.index).await
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
@@ -846,9 +1050,173 @@ mod tests {
 
     use kiln_log::sim_fs::{SimFs, SyncBehaviour};
     use kiln_log::LogConfig;
-    use openraft::storage::RaftLogStorage;
+    use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
 
     use super::*;
+
+    fn records(value: &str) -> Payload {
+        let batch = crate::sim::build_batch(&[value.as_bytes().to_vec()], 1_000);
+        Payload::records(Bytes::from(batch), 1)
+    }
+
+    fn entry(term: u64, index: u64, payload: EntryPayload<KilnRaft>) -> Entry {
+        Entry {
+            log_id: log_id(term, index),
+            payload,
+        }
+    }
+
+    /// A store whose vote says replica 1 leads term 1.
+    async fn leading_store() -> LogStore {
+        let fs = SimFs::new(Duration::from_millis(1), SyncBehaviour::Honest);
+        let (mut store, _) =
+            LogStore::open(Arc::new(fs), Path::new("/r"), LogConfig::default(), true)
+                .await
+                .unwrap();
+        store.save_vote(&Vote::new_committed(1, 1)).await.unwrap();
+        store
+    }
+
+    /// The values the log holds from `from` on, one per entry (`-` for a control entry).
+    fn values(store: &LogStore, from: u64) -> Vec<String> {
+        let end = store.shared.log.tail().next_index;
+        store
+            .read(from, end, usize::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|e| match e.payload {
+                EntryPayload::Normal(Payload::Records { batches, .. }) => {
+                    let text = String::from_utf8_lossy(&batches).into_owned();
+                    ["value-a", "value-b", "value-c"]
+                        .into_iter()
+                        .find(|v| text.contains(v))
+                        .unwrap_or("?")
+                        .to_string()
+                }
+                _ => "-".to_string(),
+            })
+            .collect()
+    }
+
+    /// An entry written ahead is in the log and syncing before Raft appends it; Raft's append
+    /// adopts it in place (nothing written twice) and is reported flushed.
+    #[tokio::test(start_paused = true)]
+    async fn raft_adopts_the_entries_written_ahead_in_place() {
+        let mut store = leading_store().await;
+        let a = store.write_ahead(1, 1, records("value-a"));
+        let b = store.write_ahead(1, 1, records("value-b"));
+        assert!(matches!(
+            a,
+            Payload::WrittenAhead {
+                kafka_offset: 0,
+                ..
+            }
+        ));
+        assert!(matches!(
+            b,
+            Payload::WrittenAhead {
+                kafka_offset: 1,
+                ..
+            }
+        ));
+        assert_eq!(
+            store.shared.log.tail().next_index,
+            2,
+            "written before Raft has them"
+        );
+        store
+            .blocking_append([
+                entry(1, 0, EntryPayload::Normal(a)),
+                entry(1, 1, EntryPayload::Normal(b)),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(
+            store.shared.log.tail().next_index,
+            2,
+            "adopted, not written again"
+        );
+        assert!(store.shared.log.durable_tail().next_index >= 2);
+        assert_eq!(values(&store, 0), ["value-a", "value-b"]);
+        assert!(lock(&store.shared.write_gate).written.is_empty());
+    }
+
+    /// Raft appends an entry of its own where one was written ahead (a membership change that
+    /// came first): what was written ahead is cut, and when Raft appends those entries next,
+    /// they are written from the bytes they carry, at their Kafka offsets.
+    #[tokio::test(start_paused = true)]
+    async fn an_entry_of_raft_cuts_what_was_written_ahead_there() {
+        let mut store = leading_store().await;
+        let a = store.write_ahead(1, 1, records("value-a"));
+        let b = store.write_ahead(1, 1, records("value-b"));
+        store
+            .blocking_append([entry(1, 0, EntryPayload::Blank)])
+            .await
+            .unwrap();
+        assert_eq!(
+            store.shared.log.tail().next_index,
+            1,
+            "the entries written ahead are cut"
+        );
+        assert!(lock(&store.shared.write_gate).written.is_empty());
+        store
+            .blocking_append([
+                entry(1, 1, EntryPayload::Normal(a)),
+                entry(1, 2, EntryPayload::Normal(b)),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(values(&store, 0), ["-", "value-a", "value-b"]);
+        assert_eq!(store.shared.log.tail().next_kafka, 2);
+        // And writing ahead goes on after the cut.
+        let c = store.write_ahead(1, 1, records("value-c"));
+        assert!(matches!(
+            c,
+            Payload::WrittenAhead {
+                kafka_offset: 2,
+                ..
+            }
+        ));
+        store
+            .blocking_append([entry(1, 3, EntryPayload::Normal(c))])
+            .await
+            .unwrap();
+        assert_eq!(values(&store, 0), ["-", "value-a", "value-b", "value-c"]);
+    }
+
+    /// A replica writes ahead only in a term its vote says it leads (the vote committed, for
+    /// itself); otherwise the payload comes back as it was and nothing is written.
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_written_ahead_outside_a_term_the_replica_leads() {
+        let mut store = leading_store().await;
+        assert!(matches!(
+            store.write_ahead(2, 1, records("value-a")),
+            Payload::Records { .. }
+        ));
+        assert!(matches!(
+            store.write_ahead(1, 2, records("value-a")),
+            Payload::Records { .. }
+        ));
+        store.save_vote(&Vote::new(3, 1)).await.unwrap();
+        assert!(matches!(
+            store.write_ahead(3, 1, records("value-a")),
+            Payload::Records { .. }
+        ));
+        assert_eq!(store.shared.log.tail().next_index, 0);
+        // Bounded: past WRITTEN_AHEAD_MAX the payload comes back too.
+        store.save_vote(&Vote::new_committed(3, 1)).await.unwrap();
+        for _ in 0..WRITTEN_AHEAD_MAX {
+            assert!(matches!(
+                store.write_ahead(3, 1, records("value-a")),
+                Payload::WrittenAhead { .. }
+            ));
+        }
+        assert!(matches!(
+            store.write_ahead(3, 1, records("value-a")),
+            Payload::Records { .. }
+        ));
+        assert_eq!(store.shared.log.tail().next_index, WRITTEN_AHEAD_MAX as u64);
+    }
 
     /// A vote that only becomes committed writes nothing (it is read back uncommitted anyway);
     /// a new term or candidate is written and synced, and is what a restart reads.

@@ -435,6 +435,7 @@ impl ReplicatedPartition {
         ));
         let proposer = Proposer::start(
             raft.clone(),
+            store.clone(),
             state.clone(),
             opts.max_entry_bytes,
             opts.max_queued_bytes,

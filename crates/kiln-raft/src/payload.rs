@@ -31,6 +31,18 @@ pub enum Payload {
     },
     /// A request every replica applies at this point of the log.
     Command(Command),
+    /// Records the leader's proposer wrote into its log before handing the entry to Raft
+    /// (`LogStore::write_ahead`): `batches` as stored (stamped) at Kafka offset `kafka_offset`.
+    /// The log store adopts the entry in place when Raft appends it at the index and term it
+    /// was written at with the same `token`, and writes `batches` like a replicated entry's
+    /// otherwise. Only ever between the proposer and its own log store: never sent, never
+    /// read back.
+    WrittenAhead {
+        batches: Bytes,
+        record_count: u32,
+        kafka_offset: i64,
+        token: u64,
+    },
 }
 
 /// Commands every replica of a group applies in log order.
@@ -126,9 +138,9 @@ impl Payload {
 
     pub fn record_count(&self) -> u32 {
         match self {
-            Payload::Records { record_count, .. } | Payload::Summary { record_count, .. } => {
-                *record_count
-            }
+            Payload::Records { record_count, .. }
+            | Payload::Summary { record_count, .. }
+            | Payload::WrittenAhead { record_count, .. } => *record_count,
             Payload::Command(_) => 0,
         }
     }
@@ -136,7 +148,9 @@ impl Payload {
     /// Bytes this payload holds in memory (for cache bounds).
     pub fn bytes_len(&self) -> usize {
         match self {
-            Payload::Records { batches, .. } => batches.len(),
+            Payload::Records { batches, .. } | Payload::WrittenAhead { batches, .. } => {
+                batches.len()
+            }
             _ => 32,
         }
     }

@@ -32,6 +32,7 @@ use openraft::ServerState;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::liveness::Liveness;
+use crate::log_store::LogStore;
 use crate::partition::{AppendAck, PartitionError};
 use crate::payload::{Command, Payload};
 use crate::producers::{sequence_ahead, ProducerTable, Verdict};
@@ -113,6 +114,7 @@ impl Proposer {
     /// `max_queued_bytes`: see [`crate::partition::PROPOSER_QUEUE_BYTES_MAX`].
     pub fn start(
         raft: Raft,
+        store: LogStore,
         state: StateMachine,
         max_entry_bytes: usize,
         max_queued_bytes: usize,
@@ -124,6 +126,7 @@ impl Proposer {
         let run = Run {
             queued: Arc::clone(&queued),
             raft,
+            store,
             state,
             rx,
             max_entry_bytes: max_entry_bytes.max(1),
@@ -250,6 +253,8 @@ fn release(queued: &AtomicUsize, len: usize) {
 struct Run {
     queued: Arc<AtomicUsize>,
     raft: Raft,
+    /// The replica's log, into which a leader writes its entries ahead of Raft.
+    store: LogStore,
     state: StateMachine,
     rx: mpsc::UnboundedReceiver<Proposal>,
     max_entry_bytes: usize,
@@ -608,6 +613,10 @@ impl Run {
         };
         let metrics = self.raft.metrics();
         let liveness = self.liveness.clone();
+        // Written into the log now, at the index Raft gives it next, so its fsync starts before
+        // the Raft core takes it (`LogStore::write_ahead`).
+        let id = metrics.borrow().id;
+        let payload = self.store.write_ahead(term, id, payload);
         match self.raft.client_write_ff(payload).await {
             Err(fatal) => {
                 drop(slot);

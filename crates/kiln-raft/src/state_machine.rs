@@ -396,6 +396,15 @@ impl StateMachine {
                     }
                     *record_count
                 }
+                EntryPayload::Normal(Payload::WrittenAhead { .. }) => {
+                    return Err(StorageIOError::apply(
+                        entry.log_id,
+                        sm_err(
+                            "an entry written ahead is never read back (the log gives its records)",
+                        ),
+                    )
+                    .into());
+                }
                 EntryPayload::Normal(Payload::Summary {
                     record_count,
                     kafka_offset,
@@ -746,6 +755,7 @@ impl RaftStateMachine<KilnRaft> for StateMachine {
             })?;
         let log = &shared.log;
         if log.tail().next_index <= last.index {
+            self.store.forget_written_ahead();
             log.reset(last.index + 1, kafka, last.leader_id.term)
                 .map_err(|e| {
                     StorageIOError::write_snapshot(Some(meta.signature()), AnyError::new(&e))

@@ -328,6 +328,11 @@ fn encode_entry(entry: &Entry, out: &mut Vec<u8>) -> Result<(), CodecError> {
         EntryPayload::Normal(Payload::Summary { .. }) => {
             return Err(malformed("a summary entry is never sent"));
         }
+        EntryPayload::Normal(Payload::WrittenAhead { .. }) => {
+            return Err(malformed(
+                "an entry written ahead is never sent (replication reads the log)",
+            ));
+        }
     }
     Ok(())
 }
