@@ -202,9 +202,10 @@ struct Ahead {
     written: VecDeque<(u64, u64, u64)>,
     /// The token the next one gets.
     next_token: u64,
-    /// Raft is cutting what was written ahead to append its own entries there: nothing is
-    /// written ahead until it has.
-    cutting: bool,
+    /// Raft's append is under way past the gate (cutting what was written ahead to write its own
+    /// entries there, or waiting out a full disk, which cuts the log back to what is durable):
+    /// nothing is written ahead until it is done.
+    paused: bool,
 }
 
 /// The Raft log store of one replica (cheap to clone; clones share the log).
@@ -612,7 +613,7 @@ impl LogStore {
     /// next in `term`, and queues its sync (see the module docs); returns what to hand Raft
     /// instead. `leader`: this replica's id. Left as it is (Raft's append writes it) unless the
     /// vote says this replica leads `term`, fewer than [`WRITTEN_AHEAD_MAX`] are written ahead
-    /// and Raft is not cutting them; and after a failed write, which Raft's append then meets
+    /// and no append of Raft's is under way; and after a failed write, which Raft's append then meets
     /// itself (a full disk is waited out there).
     pub(crate) fn write_ahead(&self, term: u64, leader: NodeId, payload: Payload) -> Payload {
         let Payload::Records {
@@ -630,7 +631,7 @@ impl LogStore {
         let leads = lock(&self.shared.vote).is_some_and(|v| {
             v.committed && v.leader_id.term == term && v.leader_id.voted_for == Some(leader)
         });
-        if !leads || ahead.cutting || ahead.written.len() >= WRITTEN_AHEAD_MAX {
+        if !leads || ahead.paused || ahead.written.len() >= WRITTEN_AHEAD_MAX {
             return Payload::records(batches, record_count);
         }
         let tail = self.shared.log.tail();
@@ -724,7 +725,7 @@ impl LogStore {
                 "Raft appends at {from}, inside the log (ending at {tail}), not where the entries written ahead start"
             );
             ahead.written.clear();
-            ahead.cutting = true;
+            ahead.paused = true;
         }
         (n, cut)
     }
@@ -974,7 +975,7 @@ impl RaftLogStorage<KilnRaft> for LogStore {
         let writing = self.shared.health.writing();
         let written = {
             let mut ahead = lock(&self.shared.write_gate);
-            ahead.cutting = false;
+            ahead.paused = false;
             assert!(
                 ahead.written.is_empty(),
                 "Raft writes at the log's end, past anything written ahead"
@@ -991,7 +992,14 @@ impl RaftLogStorage<KilnRaft> for LogStore {
                     flush::wait(&self.shared, last.index, callback);
                     Ok(queued)
                 }
-                Err(e) => Err((e, news, callback, writing)),
+                Err(e) => {
+                    // Waited out below, cutting the log back to what is durable: nothing may
+                    // be written ahead meanwhile.
+                    if matches!(e, LogError::DiskFull { .. }) {
+                        ahead.paused = true;
+                    }
+                    Err((e, news, callback, writing))
+                }
             }
         };
         match written {
@@ -1003,6 +1011,7 @@ impl RaftLogStorage<KilnRaft> for LogStore {
             }
             Err((LogError::DiskFull { .. }, news, callback, writing)) => {
                 let result = self.append_when_full(&news, now).await;
+                lock(&self.shared.write_gate).paused = false;
                 drop(writing);
                 self.answer(result, last, callback)
             }
@@ -1216,6 +1225,55 @@ mod tests {
             Payload::Records { .. }
         ));
         assert_eq!(store.shared.log.tail().next_index, WRITTEN_AHEAD_MAX as u64);
+    }
+
+    /// While Raft's append waits out a full disk (cutting the log back to what is durable
+    /// before each try), nothing is written ahead; afterwards writing ahead goes on.
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_written_ahead_while_raft_waits_out_a_full_disk() {
+        use kiln_log::faulty_fs::{Faults, FaultyFs, ENOSPC};
+        let sim = SimFs::new(Duration::from_millis(1), SyncBehaviour::Honest);
+        let faults = Faults::new(ENOSPC);
+        let fs = FaultyFs::segments_only(Arc::new(sim), faults.clone());
+        let (mut store, _) =
+            LogStore::open(Arc::new(fs), Path::new("/r"), LogConfig::default(), true)
+                .await
+                .unwrap();
+        store.save_vote(&Vote::new_committed(1, 1)).await.unwrap();
+        // Two refused writes (the append's, then its first try's): it then waits before the
+        // next try while the disk has room again, so only the pause keeps an entry from being
+        // written ahead where that try cuts the log back.
+        faults.fail_writes(2);
+        let mut raft = store.clone();
+        let append = tokio::spawn(async move {
+            raft.blocking_append([entry(1, 0, EntryPayload::Normal(records("value-a")))])
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(store.health().disk_full(), "the append is waiting");
+        assert_eq!(faults.writes_left(), 0, "the disk has room again");
+        assert!(matches!(
+            store.write_ahead(1, 1, records("value-b")),
+            Payload::Records { .. }
+        ));
+        tokio::time::timeout(Duration::from_secs(30), append)
+            .await
+            .expect("the append ends once the disk has room")
+            .unwrap()
+            .unwrap();
+        let b = store.write_ahead(1, 1, records("value-b"));
+        assert!(matches!(
+            b,
+            Payload::WrittenAhead {
+                kafka_offset: 1,
+                ..
+            }
+        ));
+        store
+            .blocking_append([entry(1, 1, EntryPayload::Normal(b))])
+            .await
+            .unwrap();
+        assert_eq!(values(&store, 0), ["value-a", "value-b"]);
     }
 
     /// A vote that only becomes committed writes nothing (it is read back uncommitted anyway);
