@@ -498,25 +498,15 @@ impl LogStore {
                         EntryBody::Records(std::mem::take(batches))
                     }
                 }
-                // Written ahead, then cut or moved (see the module docs): its bytes as stored,
-                // which must land at the Kafka offset they were stamped with.
+                // Written ahead, then cut (see the module docs): its bytes as they were stored,
+                // stamped again where they land now. That may be further on in Kafka offsets
+                // than where they were written ahead: an entry handed to Raft unwritten before
+                // it (the proposer's offsets, which the commit pair-checks).
                 EntryPayload::Normal(Payload::WrittenAhead {
                     batches,
                     record_count,
-                    kafka_offset,
                     ..
                 }) => {
-                    if *kafka_offset != kafka {
-                        let why = format!(
-                            "entry {} was written ahead at Kafka offset {kafka_offset}, this log would put it at {kafka}",
-                            e.log_id.index
-                        );
-                        return Err(StorageIOError::write_log_entry(
-                            e.log_id,
-                            io_err(Refused(why)),
-                        )
-                        .into());
-                    }
                     kafka += i64::from(*record_count);
                     EntryBody::Records(batches.clone())
                 }
@@ -672,7 +662,6 @@ impl LogStore {
                 Payload::WrittenAhead {
                     batches: as_stored,
                     record_count,
-                    kafka_offset: tail.next_kafka,
                     token,
                 }
             }
@@ -1114,20 +1103,8 @@ mod tests {
         let mut store = leading_store().await;
         let a = store.write_ahead(1, 1, records("value-a"));
         let b = store.write_ahead(1, 1, records("value-b"));
-        assert!(matches!(
-            a,
-            Payload::WrittenAhead {
-                kafka_offset: 0,
-                ..
-            }
-        ));
-        assert!(matches!(
-            b,
-            Payload::WrittenAhead {
-                kafka_offset: 1,
-                ..
-            }
-        ));
+        assert!(matches!(a, Payload::WrittenAhead { .. }));
+        assert!(matches!(b, Payload::WrittenAhead { .. }));
         assert_eq!(
             store.shared.log.tail().next_index,
             2,
@@ -1179,18 +1156,48 @@ mod tests {
         assert_eq!(store.shared.log.tail().next_kafka, 2);
         // And writing ahead goes on after the cut.
         let c = store.write_ahead(1, 1, records("value-c"));
-        assert!(matches!(
-            c,
-            Payload::WrittenAhead {
-                kafka_offset: 2,
-                ..
-            }
-        ));
+        assert!(matches!(c, Payload::WrittenAhead { .. }));
         store
             .blocking_append([entry(1, 3, EntryPayload::Normal(c))])
             .await
             .unwrap();
         assert_eq!(values(&store, 0), ["-", "value-a", "value-b", "value-c"]);
+    }
+
+    /// An entry handed to Raft unwritten (writing ahead was refused for it) and one written
+    /// ahead after it, at the index Raft gives the first: Raft's append of the first cuts the
+    /// second, which is then written behind it, stamped at its own Kafka offsets.
+    #[tokio::test(start_paused = true)]
+    async fn an_entry_written_ahead_behind_an_unwritten_one_is_stamped_where_it_lands() {
+        let mut store = leading_store().await;
+        let unwritten = records("value-a");
+        let b = store.write_ahead(1, 1, records("value-b"));
+        assert!(matches!(b, Payload::WrittenAhead { .. }));
+        store
+            .blocking_append([entry(1, 0, EntryPayload::Normal(unwritten))])
+            .await
+            .unwrap();
+        store
+            .blocking_append([entry(1, 1, EntryPayload::Normal(b))])
+            .await
+            .unwrap();
+        assert_eq!(values(&store, 0), ["value-a", "value-b"]);
+        let read = store.read(1, 2, usize::MAX).unwrap();
+        assert!(matches!(
+            read[0].payload,
+            EntryPayload::Normal(Payload::Records {
+                kafka_offset: Some(1),
+                ..
+            })
+        ));
+        // Read back from the segments too, not the cache: its batch is stamped at offset 1.
+        let stored = store
+            .shared
+            .log
+            .read_entries(1, 2, usize::MAX, ReadMode::Full)
+            .unwrap();
+        assert_eq!(stored[0].kafka_offset, 1);
+        assert_eq!(store.shared.log.tail().next_kafka, 2);
     }
 
     /// A replica writes ahead only in a term its vote says it leads (the vote committed, for
@@ -1262,13 +1269,7 @@ mod tests {
             .unwrap()
             .unwrap();
         let b = store.write_ahead(1, 1, records("value-b"));
-        assert!(matches!(
-            b,
-            Payload::WrittenAhead {
-                kafka_offset: 1,
-                ..
-            }
-        ));
+        assert!(matches!(b, Payload::WrittenAhead { .. }));
         store
             .blocking_append([entry(1, 1, EntryPayload::Normal(b))])
             .await

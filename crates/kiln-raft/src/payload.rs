@@ -32,15 +32,13 @@ pub enum Payload {
     /// A request every replica applies at this point of the log.
     Command(Command),
     /// Records the leader's proposer wrote into its log before handing the entry to Raft
-    /// (`LogStore::write_ahead`): `batches` as stored (stamped) at Kafka offset `kafka_offset`.
-    /// The log store adopts the entry in place when Raft appends it at the index and term it
-    /// was written at with the same `token`, and writes `batches` like a replicated entry's
-    /// otherwise. Only ever between the proposer and its own log store: never sent, never
-    /// read back.
+    /// (`LogStore::write_ahead`): `batches` as stored (stamped). The log store adopts the entry
+    /// in place when Raft appends it at the index and term it was written at with the same
+    /// `token`, and otherwise writes `batches` again, stamped where they land. Only ever
+    /// between the proposer and its own log store: never sent, never read back.
     WrittenAhead {
         batches: Bytes,
         record_count: u32,
-        kafka_offset: i64,
         token: u64,
     },
 }
