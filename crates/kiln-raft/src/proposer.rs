@@ -11,6 +11,12 @@
 //! fsync per replica covers many producer requests. Each append still gets its own offsets:
 //! the entry's base offset plus the records of the appends before it in the entry.
 //!
+//! An append of records need not wait for the proposing task to be scheduled: while this replica leads
+//! the term the proposer knows, a slot is free and nothing is queued unwritten before it, the
+//! task that submits it checks it and writes it into the log at once (`write_now`, an entry of
+//! its own, `LogStore::write_ahead`), and the proposing task only hands it to Raft, in submit
+//! order. Otherwise it queues and joins its neighbours as above.
+//!
 //! And it is where idempotent producers are checked (`producers.rs`): it keeps the producer
 //! table as of its log end and the next Kafka offset, so a retried batch is recognised (and
 //! answered with its first write's offsets once that is committed) even while the first write
@@ -22,7 +28,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -32,7 +38,7 @@ use openraft::ServerState;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::liveness::Liveness;
-use crate::log_store::LogStore;
+use crate::log_store::{lock, LogStore};
 use crate::partition::{AppendAck, PartitionError};
 use crate::payload::{Command, Payload};
 use crate::producers::{sequence_ahead, ProducerTable, Verdict};
@@ -70,6 +76,18 @@ struct Proposal {
     expected_base: Option<i64>,
     /// Dropped unwritten if nobody waits for it any more ([`Proposer::submit_produce`]).
     abandonable: bool,
+    /// Its place among the proposals queued unwritten (see [`Lane`]); 0 for one written at
+    /// its submit.
+    seq: u64,
+    /// Written at its submit (see [`Proposer::write_now`]): proposed alone, as it is.
+    written: Option<Written>,
+}
+
+/// A proposal prepared and written ahead at its submit, by the task that received it.
+struct Written {
+    payload: Payload,
+    term: u64,
+    slot: tokio::sync::OwnedSemaphorePermit,
 }
 
 enum What {
@@ -105,6 +123,31 @@ pub struct Proposer {
     /// Record bytes submitted and not yet taken by the proposing task, at most `max_queued`.
     queued: Arc<AtomicUsize>,
     max_queued: usize,
+    /// What a submit needs to write at once ([`Proposer::write_now`]).
+    now: Arc<WriteNow>,
+}
+
+struct WriteNow {
+    lane: Arc<Mutex<Lane>>,
+    raft: Raft,
+    store: LogStore,
+    state: StateMachine,
+    stale: Arc<AtomicBool>,
+    liveness: Arc<Liveness>,
+}
+
+/// What the proposing task and the tasks that submit share: a produce is prepared and written
+/// by the task that receives it ([`Proposer::write_now`]) when the proposer knows its term and
+/// nothing is queued unwritten before it, so entries reach the log in submit order either way.
+#[derive(Default)]
+struct Lane {
+    leading: Option<Leading>,
+    /// Producers whose last batch left a gap, and since when.
+    gaps: Gaps,
+    /// Proposals queued unwritten so far, and how many of them the proposing task is done with
+    /// (written or answered).
+    enqueued: u64,
+    done: u64,
 }
 
 impl Proposer {
@@ -123,18 +166,20 @@ impl Proposer {
         let (queue, rx) = mpsc::unbounded_channel();
         let slots = Arc::new(Semaphore::new(ENTRIES_IN_FLIGHT));
         let queued = Arc::new(AtomicUsize::new(0));
+        let lane = Arc::new(Mutex::new(Lane::default()));
+        let stale = Arc::new(AtomicBool::new(false));
         let run = Run {
             queued: Arc::clone(&queued),
-            raft,
-            store,
-            state,
+            raft: raft.clone(),
+            store: store.clone(),
+            state: state.clone(),
             rx,
             max_entry_bytes: max_entry_bytes.max(1),
             slots: Arc::clone(&slots),
-            leading: None,
-            stale: Arc::new(AtomicBool::new(false)),
-            gaps: Gaps::default(),
-            liveness,
+            lane: Arc::clone(&lane),
+            last_taken: 0,
+            stale: Arc::clone(&stale),
+            liveness: Arc::clone(&liveness),
         };
         tokio::spawn(run.run());
         Proposer {
@@ -142,6 +187,14 @@ impl Proposer {
             slots,
             queued,
             max_queued: max_queued_bytes,
+            now: Arc::new(WriteNow {
+                lane,
+                raft,
+                store,
+                state,
+                stale,
+                liveness,
+            }),
         }
     }
 
@@ -174,24 +227,88 @@ impl Proposer {
             .map_err(PartitionError::from)
             .and_then(|_| kiln_log::batch::count_records(&batches).map_err(PartitionError::from));
         let len = batches.len();
+        let _ = len;
         match records {
             Err(e) => {
                 let _ = reply.send(Err(e));
             }
-            Ok(_) if !self.reserve(len, bounded) => {
-                let _ = reply.send(Err(PartitionError::QueueFull {
-                    queued: self.queued_bytes(),
-                    max: self.max_queued,
-                }));
+            Ok(records) => {
+                let p = Proposal {
+                    what: What::Records { batches, records },
+                    reply,
+                    expected_base: None,
+                    abandonable,
+                    seq: 0,
+                    written: None,
+                };
+                let p = self.write_now(p);
+                if let Some(p) = p {
+                    if self.reserve(p.len(), bounded) {
+                        self.enqueue(p);
+                    } else {
+                        let _ = p.reply.send(Err(PartitionError::QueueFull {
+                            queued: self.queued_bytes(),
+                            max: self.max_queued,
+                        }));
+                    }
+                }
             }
-            Ok(records) => self.enqueue(Proposal {
-                what: What::Records { batches, records },
-                reply,
-                expected_base: None,
-                abandonable,
-            }),
         }
         rx
+    }
+
+    /// Prepares an append of records and writes it into the log at once, on the task that
+    /// submits it, when that keeps the submit order: this replica leads the term the proposer
+    /// knows (its producer table and offsets up to date), a slot is free and nothing is queued
+    /// unwritten. The proposing task then only hands it to Raft. Returns the proposal when it
+    /// must queue.
+    fn write_now(&self, p: Proposal) -> Option<Proposal> {
+        let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() else {
+            return Some(p);
+        };
+        let mut lane = lock(&self.now.lane);
+        let Some(term) = lane.leading.as_ref().map(|l| l.term) else {
+            return Some(p);
+        };
+        if lane.enqueued != lane.done || self.now.stale.load(Ordering::Acquire) {
+            return Some(p);
+        }
+        let id = {
+            let m = self.now.raft.metrics();
+            let m = m.borrow();
+            if m.state != ServerState::Leader
+                || m.current_term != term
+                || !lease_holds(&self.now.liveness, term)
+                || self.now.liveness.handing_over(term)
+            {
+                return Some(p);
+            }
+            m.id
+        };
+        let p = match prepare(&mut lane, p, &self.now.state, &self.now.raft) {
+            Prepared::Write(p) => p,
+            Prepared::Answered => return None,
+        };
+        let What::Records { batches, records } = &p.what else {
+            unreachable!("only records are written at their submit");
+        };
+        // Cloned: see `Run::write` (the log copies a request's slice of its frame).
+        let payload =
+            self.now
+                .store
+                .write_ahead(term, id, Payload::records(batches.clone(), *records));
+        // Sent under the lane's lock: the proposing task hands entries to Raft in the order
+        // they were written.
+        self.enqueue(Proposal {
+            written: Some(Written {
+                payload,
+                term,
+                slot,
+            }),
+            ..p
+        });
+        drop(lane);
+        None
     }
 
     /// Queues a command behind every earlier submit (it is never joined with records).
@@ -202,6 +319,8 @@ impl Proposer {
             reply,
             expected_base: None,
             abandonable: false,
+            seq: 0,
+            written: None,
         });
         rx
     }
@@ -222,9 +341,26 @@ impl Proposer {
             .is_ok()
     }
 
-    fn enqueue(&self, proposal: Proposal) {
-        if let Err(mpsc::error::SendError(p)) = self.queue.send(proposal) {
-            release(&self.queued, p.len());
+    fn enqueue(&self, mut proposal: Proposal) {
+        if proposal.written.is_none() {
+            let mut lane = lock(&self.now.lane);
+            lane.enqueued += 1;
+            proposal.seq = lane.enqueued;
+            // Sent under the lock, so a write at submit never passes it in the channel.
+            let sent = self.queue.send(proposal);
+            drop(lane);
+            return self.unsent(sent);
+        }
+        let sent = self.queue.send(proposal);
+        self.unsent(sent);
+    }
+
+    /// Answers a proposal the proposing task will never take (it stopped).
+    fn unsent(&self, sent: Result<(), mpsc::error::SendError<Proposal>>) {
+        if let Err(mpsc::error::SendError(p)) = sent {
+            if p.written.is_none() {
+                release(&self.queued, p.len());
+            }
             let _ = p.reply.send(Err(PartitionError::Stopped(
                 "the partition's proposer has stopped".into(),
             )));
@@ -259,11 +395,11 @@ struct Run {
     rx: mpsc::UnboundedReceiver<Proposal>,
     max_entry_bytes: usize,
     slots: Arc<Semaphore>,
-    leading: Option<Leading>,
+    lane: Arc<Mutex<Lane>>,
+    /// The `seq` of the last proposal taken off the queue unwritten.
+    last_taken: u64,
     /// Set when a write's fate is unknown or its offsets disagreed: rebuild before the next.
     stale: Arc<AtomicBool>,
-    /// Producers whose last batch left a gap, and since when.
-    gaps: Gaps,
     /// The replica's liveness: a write waits for its commit no longer than the leader's lease
     /// holds (`liveness.rs`).
     liveness: Arc<Liveness>,
@@ -324,10 +460,25 @@ impl Run {
         loop {
             let first = match held.take() {
                 Some(p) => p,
-                None => match self.rx.recv().await {
-                    Some(p) => p,
-                    None => return,
-                },
+                None => {
+                    // Everything taken so far is written or answered.
+                    lock(&self.lane).done = self.last_taken;
+                    match self.rx.recv().await {
+                        Some(p) => p,
+                        None => return,
+                    }
+                }
+            };
+            let first = match first.written {
+                Some(w) => {
+                    let p = Proposal {
+                        written: None,
+                        ..first
+                    };
+                    self.propose(vec![p], w.payload, w.term, w.slot).await;
+                    continue;
+                }
+                None => first,
             };
             // Proposing every request at once would give each its own entry (and each its own
             // round of AppendEntries); waiting for a free slot lets the requests that arrive
@@ -345,7 +496,7 @@ impl Run {
                 self.refuse_queued();
                 continue;
             }
-            let first = match self.prepare(first) {
+            let first = match prepare(&mut lock(&self.lane), first, &self.state, &self.raft) {
                 Prepared::Write(p) => p,
                 Prepared::Answered => continue,
             };
@@ -356,7 +507,7 @@ impl Run {
             // in an entry of its own.
             while size < self.max_entry_bytes && !is_command {
                 match self.rx.try_recv() {
-                    Ok(next) if matches!(next.what, What::Command(_)) => {
+                    Ok(next) if matches!(next.what, What::Command(_)) || next.written.is_some() => {
                         held = Some(next);
                         break;
                     }
@@ -364,7 +515,9 @@ impl Run {
                         let Some(next) = self.taken(next) else {
                             continue;
                         };
-                        if let Prepared::Write(next) = self.prepare(next) {
+                        if let Prepared::Write(next) =
+                            prepare(&mut lock(&self.lane), next, &self.state, &self.raft)
+                        {
                             size += next.len();
                             group.push(next);
                         }
@@ -379,8 +532,9 @@ impl Run {
     /// A proposal taken off the queue: its bytes no longer count as queued, and it is dropped
     /// if nobody waits for its answer any more (the produce timed out and the client will
     /// retry): proposed now, it would be written behind the retry, twice.
-    fn taken(&self, p: Proposal) -> Option<Proposal> {
+    fn taken(&mut self, p: Proposal) -> Option<Proposal> {
         release(&self.queued, p.len());
+        self.last_taken = p.seq;
         if p.abandonable && p.reply.is_closed() {
             tracing::debug!(
                 bytes = p.len(),
@@ -403,14 +557,19 @@ impl Run {
         // commit before another leader may lead, and `leadership_lost` would answer it at once.
         // Nor does one handing over: what it took before commits, nothing more is taken.
         if state != ServerState::Leader || lapsed || self.liveness.handing_over(term) {
-            self.leading = None;
+            lock(&self.lane).leading = None;
             return Err(PartitionError::NotLeader { leader });
         }
         let stale = self.stale.swap(false, Ordering::AcqRel);
-        if !stale && self.leading.as_ref().is_some_and(|l| l.term == term) {
+        if !stale
+            && lock(&self.lane)
+                .leading
+                .as_ref()
+                .is_some_and(|l| l.term == term)
+        {
             return Ok(());
         }
-        self.leading = None;
+        lock(&self.lane).leading = None;
         // Nothing of this proposer's may be in flight (this call holds one slot).
         let others = u32::try_from(ENTRIES_IN_FLIGHT - 1).unwrap_or(u32::MAX);
         let Ok(all) = self.slots.acquire_many(others).await else {
@@ -450,7 +609,7 @@ impl Run {
             return Err(PartitionError::NotLeader { leader: None });
         }
         let (table, next_offset) = self.state.producers();
-        self.leading = Some(Leading {
+        lock(&self.lane).leading = Some(Leading {
             term,
             table,
             next_offset,
@@ -461,116 +620,13 @@ impl Run {
     /// Answers every proposal already queued with NotLeader (they would fail the same way).
     fn refuse_queued(&mut self) {
         while let Ok(p) = self.rx.try_recv() {
-            release(&self.queued, p.len());
+            if p.written.is_none() {
+                release(&self.queued, p.len());
+                self.last_taken = p.seq;
+            }
             let leader = self.raft.metrics().borrow().current_leader;
             let _ = p.reply.send(Err(PartitionError::NotLeader { leader }));
         }
-    }
-
-    /// Checks a proposal's producer batches and assigns its offsets (see the module docs).
-    fn prepare(&mut self, mut p: Proposal) -> Prepared {
-        let Some(leading) = self.leading.as_mut() else {
-            let _ = p
-                .reply
-                .send(Err(PartitionError::NotLeader { leader: None }));
-            return Prepared::Answered;
-        };
-        let What::Records { batches, records } = &p.what else {
-            return Prepared::Write(p);
-        };
-        let base = leading.next_offset;
-        let mut offset = base;
-        let mut producer_batches: Vec<ProducerBatch> = Vec::new();
-        for b in kiln_log::batch::batches(batches) {
-            let Ok(b) = b else {
-                // Validated at submit: cannot happen.
-                debug_assert!(false, "a submitted batch does not parse");
-                break;
-            };
-            let mut h = b.header;
-            h.base_offset = offset;
-            producer_batches.extend(h.producer_batch());
-            offset += i64::from(h.record_count.max(0));
-        }
-        debug_assert_eq!(offset - base, i64::from(*records));
-        if !producer_batches.is_empty() {
-            match check_all(&leading.table, &producer_batches) {
-                Ok(None) => {
-                    for b in producer_batches {
-                        self.gaps.filled(b.producer_id);
-                        leading.table.apply(b);
-                    }
-                }
-                Ok(Some((base_offset, last_offset))) => {
-                    let term = leading.term;
-                    self.answer_duplicate(p, base_offset, last_offset, term);
-                    return Prepared::Answered;
-                }
-                Err(PartitionError::OutOfOrderSequence {
-                    producer_id,
-                    expected,
-                    got,
-                }) if expected >= 0
-                    && sequence_ahead(expected, got)
-                    && same_epoch(&leading.table, &producer_batches, producer_id)
-                    && self
-                        .gaps
-                        .retriable(producer_id, expected, tokio::time::Instant::now()) =>
-                {
-                    let _ = p.reply.send(Err(PartitionError::EarlierBatchUnwritten {
-                        producer_id,
-                        expected,
-                        got,
-                    }));
-                    return Prepared::Answered;
-                }
-                Err(e) => {
-                    let _ = p.reply.send(Err(e));
-                    return Prepared::Answered;
-                }
-            }
-        }
-        leading.next_offset = offset;
-        p.expected_base = Some(base);
-        Prepared::Write(p)
-    }
-
-    /// A retry of a batch already written in this term or before: answered with its offsets
-    /// once they are committed, as long as this replica still leads the same term (then the
-    /// entry is the one it wrote, not another leader's at the same offsets).
-    fn answer_duplicate(&self, p: Proposal, base_offset: i64, last_offset: i64, term: u64) {
-        let mut high_watermark = self.state.subscribe_high_watermark();
-        let mut metrics = self.raft.metrics();
-        tokio::spawn(async move {
-            let wait = async {
-                loop {
-                    let (state, now_term) = {
-                        let m = metrics.borrow_and_update();
-                        (m.state, m.current_term)
-                    };
-                    if state != ServerState::Leader || now_term != term {
-                        return false;
-                    }
-                    if *high_watermark.borrow_and_update() > last_offset {
-                        return true;
-                    }
-                    tokio::select! {
-                        biased;
-                        changed = high_watermark.changed() => if changed.is_err() { return false },
-                        changed = metrics.changed() => if changed.is_err() { return false },
-                    }
-                }
-            };
-            let answer = match tokio::time::timeout(DUPLICATE_WAIT, wait).await {
-                Ok(true) => Ok(AppendAck {
-                    base_offset,
-                    last_offset,
-                    leader_epoch: term,
-                }),
-                _ => Err(PartitionError::NotLeader { leader: None }),
-            };
-            let _ = p.reply.send(answer);
-        });
     }
 
     async fn write(
@@ -604,19 +660,31 @@ impl Run {
                 Payload::records(joined.freeze(), records)
             }
         };
+        // `prepare` wrote nothing unless this replica was leading.
+        let Some(term) = lock(&self.lane).leading.as_ref().map(|l| l.term) else {
+            unreachable!("a write prepared while not leading");
+        };
+        // Written into the log now, at the index Raft gives it next, so its fsync starts before
+        // the Raft core takes it (`LogStore::write_ahead`).
+        let id = self.raft.metrics().borrow().id;
+        let payload = self.store.write_ahead(term, id, payload);
+        self.propose(group, payload, term, slot).await;
+    }
+
+    /// Hands `payload`, the entry of `group` prepared in `term`, to Raft, and answers each
+    /// proposal once it is committed (or its fate is unknown).
+    async fn propose(
+        &mut self,
+        group: Vec<Proposal>,
+        payload: Payload,
+        term: u64,
+        slot: tokio::sync::OwnedSemaphorePermit,
+    ) {
         // `client_write_ff` hands the entry to Raft before it returns, so entries enter the
         // log in the order of this loop; only the wait for the commit runs concurrently.
         let stale = self.stale.clone();
-        // `prepare` wrote nothing unless this replica was leading.
-        let Some(term) = self.leading.as_ref().map(|l| l.term) else {
-            unreachable!("a write prepared while not leading");
-        };
         let metrics = self.raft.metrics();
         let liveness = self.liveness.clone();
-        // Written into the log now, at the index Raft gives it next, so its fsync starts before
-        // the Raft core takes it (`LogStore::write_ahead`).
-        let id = metrics.borrow().id;
-        let payload = self.store.write_ahead(term, id, payload);
         match self.raft.client_write_ff(payload).await {
             Err(fatal) => {
                 drop(slot);
@@ -688,6 +756,119 @@ impl Run {
             }
         }
     }
+}
+
+/// Checks a proposal's producer batches and assigns its offsets (see the module docs).
+fn prepare(lane: &mut Lane, mut p: Proposal, state: &StateMachine, raft: &Raft) -> Prepared {
+    let Some(leading) = lane.leading.as_mut() else {
+        let _ = p
+            .reply
+            .send(Err(PartitionError::NotLeader { leader: None }));
+        return Prepared::Answered;
+    };
+    let What::Records { batches, records } = &p.what else {
+        return Prepared::Write(p);
+    };
+    let base = leading.next_offset;
+    let mut offset = base;
+    let mut producer_batches: Vec<ProducerBatch> = Vec::new();
+    for b in kiln_log::batch::batches(batches) {
+        let Ok(b) = b else {
+            // Validated at submit: cannot happen.
+            debug_assert!(false, "a submitted batch does not parse");
+            break;
+        };
+        let mut h = b.header;
+        h.base_offset = offset;
+        producer_batches.extend(h.producer_batch());
+        offset += i64::from(h.record_count.max(0));
+    }
+    debug_assert_eq!(offset - base, i64::from(*records));
+    if !producer_batches.is_empty() {
+        match check_all(&leading.table, &producer_batches) {
+            Ok(None) => {
+                for b in producer_batches {
+                    lane.gaps.filled(b.producer_id);
+                    leading.table.apply(b);
+                }
+            }
+            Ok(Some((base_offset, last_offset))) => {
+                let term = leading.term;
+                answer_duplicate(p, base_offset, last_offset, term, state, raft);
+                return Prepared::Answered;
+            }
+            Err(PartitionError::OutOfOrderSequence {
+                producer_id,
+                expected,
+                got,
+            }) if expected >= 0
+                && sequence_ahead(expected, got)
+                && same_epoch(&leading.table, &producer_batches, producer_id)
+                && lane
+                    .gaps
+                    .retriable(producer_id, expected, tokio::time::Instant::now()) =>
+            {
+                let _ = p.reply.send(Err(PartitionError::EarlierBatchUnwritten {
+                    producer_id,
+                    expected,
+                    got,
+                }));
+                return Prepared::Answered;
+            }
+            Err(e) => {
+                let _ = p.reply.send(Err(e));
+                return Prepared::Answered;
+            }
+        }
+    }
+    leading.next_offset = offset;
+    p.expected_base = Some(base);
+    Prepared::Write(p)
+}
+
+/// A retry of a batch already written in this term or before: answered with its offsets
+/// once they are committed, as long as this replica still leads the same term (then the
+/// entry is the one it wrote, not another leader's at the same offsets).
+fn answer_duplicate(
+    p: Proposal,
+    base_offset: i64,
+    last_offset: i64,
+    term: u64,
+    state: &StateMachine,
+    raft: &Raft,
+) {
+    let mut high_watermark = state.subscribe_high_watermark();
+    let mut metrics = raft.metrics();
+    tokio::spawn(async move {
+        let wait = async {
+            loop {
+                let (state, now_term) = {
+                    let m = metrics.borrow_and_update();
+                    (m.state, m.current_term)
+                };
+                if state != ServerState::Leader || now_term != term {
+                    return false;
+                }
+                if *high_watermark.borrow_and_update() > last_offset {
+                    return true;
+                }
+                tokio::select! {
+                    biased;
+                    changed = high_watermark.changed() => if changed.is_err() { return false },
+                    changed = metrics.changed() => if changed.is_err() { return false },
+                }
+            }
+        };
+        let answer = match tokio::time::timeout(DUPLICATE_WAIT, wait).await {
+            Ok(true) => Ok(AppendAck {
+                base_offset,
+                last_offset,
+                leader_epoch: term,
+            }),
+            _ => Err(PartitionError::NotLeader { leader: None }),
+        };
+        let _ = p.reply.send(answer);
+    });
 }
 
 /// Resolves once the Raft node no longer leads `term`, or stopped, or its lease lapsed (a
