@@ -599,11 +599,11 @@ impl LogStore {
         .await
     }
 
-    /// Writes `payload`, a producer's new records, into the log as the entry Raft will append
-    /// next in `term`, and queues its sync (see the module docs); returns what to hand Raft
-    /// instead. `leader`: this replica's id. Left as it is (Raft's append writes it) unless the
-    /// vote says this replica leads `term`, fewer than [`WRITTEN_AHEAD_MAX`] are written ahead
-    /// and no append of Raft's is under way; and after a failed write, which Raft's append then meets
+    /// Writes `payload`, new records, into the log as the entry Raft will append next in
+    /// `term`, and queues its sync (see the module docs); returns what to hand Raft instead.
+    /// `leader`: this replica's id. Left as it is (Raft's append writes it) unless the vote says
+    /// this replica leads `term`, fewer than [`WRITTEN_AHEAD_MAX`] are written ahead and no
+    /// append of Raft's is under way; and after a failed write, which Raft's append then meets
     /// itself (a full disk is waited out there).
     pub(crate) fn write_ahead(&self, term: u64, leader: NodeId, payload: Payload) -> Payload {
         let Payload::Records {

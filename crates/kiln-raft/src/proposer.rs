@@ -11,11 +11,11 @@
 //! fsync per replica covers many producer requests. Each append still gets its own offsets:
 //! the entry's base offset plus the records of the appends before it in the entry.
 //!
-//! An append of records need not wait for the proposing task to be scheduled: while this replica leads
-//! the term the proposer knows, a slot is free and nothing is queued unwritten before it, the
-//! task that submits it checks it and writes it into the log at once (`write_now`, an entry of
-//! its own, `LogStore::write_ahead`), and the proposing task only hands it to Raft, in submit
-//! order. Otherwise it queues and joins its neighbours as above.
+//! An append of records need not wait for the proposing task to be scheduled: while this
+//! replica leads the term the proposer knows, a slot is free and nothing is queued unwritten
+//! before it, the task that submits it checks it and writes it into the log at once
+//! (`write_now`, an entry of its own, `LogStore::write_ahead`), and the proposing task only
+//! hands it to Raft, in submit order. Otherwise it queues and joins its neighbours as above.
 //!
 //! And it is where idempotent producers are checked (`producers.rs`): it keeps the producer
 //! table as of its log end and the next Kafka offset, so a retried batch is recognised (and
@@ -136,9 +136,10 @@ struct WriteNow {
     liveness: Arc<Liveness>,
 }
 
-/// What the proposing task and the tasks that submit share: a produce is prepared and written
-/// by the task that receives it ([`Proposer::write_now`]) when the proposer knows its term and
-/// nothing is queued unwritten before it, so entries reach the log in submit order either way.
+/// What the proposing task and the tasks that submit share: an append of records is prepared
+/// and written by the task that submits it ([`Proposer::write_now`]) when the proposer knows its
+/// term and nothing is queued unwritten before it, so entries reach the log in submit order
+/// either way.
 #[derive(Default)]
 struct Lane {
     leading: Option<Leading>,
@@ -226,8 +227,6 @@ impl Proposer {
         let records = kiln_log::batch::validate_batches(&batches)
             .map_err(PartitionError::from)
             .and_then(|_| kiln_log::batch::count_records(&batches).map_err(PartitionError::from));
-        let len = batches.len();
-        let _ = len;
         match records {
             Err(e) => {
                 let _ = reply.send(Err(e));
