@@ -769,20 +769,8 @@ fn prepare(lane: &mut Lane, mut p: Proposal, state: &StateMachine, raft: &Raft) 
         return Prepared::Write(p);
     };
     let base = leading.next_offset;
-    let mut offset = base;
-    let mut producer_batches: Vec<ProducerBatch> = Vec::new();
-    for b in kiln_log::batch::batches(batches) {
-        let Ok(b) = b else {
-            // Validated at submit: cannot happen.
-            debug_assert!(false, "a submitted batch does not parse");
-            break;
-        };
-        let mut h = b.header;
-        h.base_offset = offset;
-        producer_batches.extend(h.producer_batch());
-        offset += i64::from(h.record_count.max(0));
-    }
-    debug_assert_eq!(offset - base, i64::from(*records));
+    let offset = base + i64::from(*records);
+    let producer_batches = Payload::producer_batches(batches, base);
     if !producer_batches.is_empty() {
         match check_all(&leading.table, &producer_batches) {
             Ok(None) => {
