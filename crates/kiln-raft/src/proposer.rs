@@ -127,12 +127,17 @@ pub struct Proposer {
     now: Arc<WriteNow>,
 }
 
+/// The handles the proposing task and the submitters share (one set, held by both).
 struct WriteNow {
     lane: Arc<Mutex<Lane>>,
     raft: Raft,
+    /// The replica's log, into which a leader writes its entries ahead of Raft.
     store: LogStore,
     state: StateMachine,
+    /// Set when a write's fate is unknown or its offsets disagreed: rebuild before the next.
     stale: Arc<AtomicBool>,
+    /// The replica's liveness: a write waits for its commit no longer than the leader's lease
+    /// holds (`liveness.rs`).
     liveness: Arc<Liveness>,
 }
 
@@ -167,20 +172,21 @@ impl Proposer {
         let (queue, rx) = mpsc::unbounded_channel();
         let slots = Arc::new(Semaphore::new(ENTRIES_IN_FLIGHT));
         let queued = Arc::new(AtomicUsize::new(0));
-        let lane = Arc::new(Mutex::new(Lane::default()));
-        let stale = Arc::new(AtomicBool::new(false));
+        let shared = Arc::new(WriteNow {
+            lane: Arc::new(Mutex::new(Lane::default())),
+            raft,
+            store,
+            state,
+            stale: Arc::new(AtomicBool::new(false)),
+            liveness,
+        });
         let run = Run {
             queued: Arc::clone(&queued),
-            raft: raft.clone(),
-            store: store.clone(),
-            state: state.clone(),
+            shared: Arc::clone(&shared),
             rx,
             max_entry_bytes: max_entry_bytes.max(1),
             slots: Arc::clone(&slots),
-            lane: Arc::clone(&lane),
             last_taken: 0,
-            stale: Arc::clone(&stale),
-            liveness: Arc::clone(&liveness),
         };
         tokio::spawn(run.run());
         Proposer {
@@ -188,14 +194,7 @@ impl Proposer {
             slots,
             queued,
             max_queued: max_queued_bytes,
-            now: Arc::new(WriteNow {
-                lane,
-                raft,
-                store,
-                state,
-                stale,
-                liveness,
-            }),
+            now: shared,
         }
     }
 
@@ -387,21 +386,13 @@ fn release(queued: &AtomicUsize, len: usize) {
 
 struct Run {
     queued: Arc<AtomicUsize>,
-    raft: Raft,
-    /// The replica's log, into which a leader writes its entries ahead of Raft.
-    store: LogStore,
-    state: StateMachine,
+    /// What it shares with the submitters (the same handles `write_now` uses).
+    shared: Arc<WriteNow>,
     rx: mpsc::UnboundedReceiver<Proposal>,
     max_entry_bytes: usize,
     slots: Arc<Semaphore>,
-    lane: Arc<Mutex<Lane>>,
     /// The `seq` of the last proposal taken off the queue unwritten.
     last_taken: u64,
-    /// Set when a write's fate is unknown or its offsets disagreed: rebuild before the next.
-    stale: Arc<AtomicBool>,
-    /// The replica's liveness: a write waits for its commit no longer than the leader's lease
-    /// holds (`liveness.rs`).
-    liveness: Arc<Liveness>,
 }
 
 /// A batch ahead of its producer's next sequence was almost always sent behind one that
@@ -461,7 +452,7 @@ impl Run {
                 Some(p) => p,
                 None => {
                     // Everything taken so far is written or answered.
-                    lock(&self.lane).done = self.last_taken;
+                    lock(&self.shared.lane).done = self.last_taken;
                     match self.rx.recv().await {
                         Some(p) => p,
                         None => return,
@@ -495,7 +486,12 @@ impl Run {
                 self.refuse_queued();
                 continue;
             }
-            let first = match prepare(&mut lock(&self.lane), first, &self.state, &self.raft) {
+            let first = match prepare(
+                &mut lock(&self.shared.lane),
+                first,
+                &self.shared.state,
+                &self.shared.raft,
+            ) {
                 Prepared::Write(p) => p,
                 Prepared::Answered => continue,
             };
@@ -514,9 +510,12 @@ impl Run {
                         let Some(next) = self.taken(next) else {
                             continue;
                         };
-                        if let Prepared::Write(next) =
-                            prepare(&mut lock(&self.lane), next, &self.state, &self.raft)
-                        {
+                        if let Prepared::Write(next) = prepare(
+                            &mut lock(&self.shared.lane),
+                            next,
+                            &self.shared.state,
+                            &self.shared.raft,
+                        ) {
                             size += next.len();
                             group.push(next);
                         }
@@ -547,28 +546,28 @@ impl Run {
     /// Makes sure this replica leads and `leading` is right for its term (see the module docs).
     async fn ensure_leading(&mut self) -> Result<(), PartitionError> {
         let (leader, term, state, lapsed) = {
-            let m = self.raft.metrics();
+            let m = self.shared.raft.metrics();
             let m = m.borrow();
-            let lapsed = !lease_holds(&self.liveness, m.current_term);
+            let lapsed = !lease_holds(&self.shared.liveness, m.current_term);
             (m.current_leader, m.current_term, m.state, lapsed)
         };
         // A leader whose lease lapsed (`liveness.rs`) proposes nothing: the entry could not
         // commit before another leader may lead, and `leadership_lost` would answer it at once.
         // Nor does one handing over: what it took before commits, nothing more is taken.
-        if state != ServerState::Leader || lapsed || self.liveness.handing_over(term) {
-            lock(&self.lane).leading = None;
+        if state != ServerState::Leader || lapsed || self.shared.liveness.handing_over(term) {
+            lock(&self.shared.lane).leading = None;
             return Err(PartitionError::NotLeader { leader });
         }
-        let stale = self.stale.swap(false, Ordering::AcqRel);
+        let stale = self.shared.stale.swap(false, Ordering::AcqRel);
         if !stale
-            && lock(&self.lane)
+            && lock(&self.shared.lane)
                 .leading
                 .as_ref()
                 .is_some_and(|l| l.term == term)
         {
             return Ok(());
         }
-        lock(&self.lane).leading = None;
+        lock(&self.shared.lane).leading = None;
         // Nothing of this proposer's may be in flight (this call holds one slot).
         let others = u32::try_from(ENTRIES_IN_FLIGHT - 1).unwrap_or(u32::MAX);
         let Ok(all) = self.slots.acquire_many(others).await else {
@@ -577,7 +576,7 @@ impl Run {
         // Everything in the log applied: what came before the term (the linearizable read
         // point), and entries of this proposer whose answer it stopped waiting for when a term
         // ended (`leadership_lost`), which are in the log ahead of this term's and may commit.
-        let raft = self.raft.clone();
+        let raft = self.shared.raft.clone();
         let caught_up = tokio::time::timeout(TERM_START_WAIT, async move {
             if let Err(e) = raft.ensure_linearizable().await {
                 tracing::debug!(error = %e, "not the leader after all");
@@ -600,15 +599,15 @@ impl Run {
         // one): the table and offsets would then be of the old term, and a write proposed as of
         // it would count as lost at once (`leadership_lost`) while it commits in the new one.
         let still = {
-            let m = self.raft.metrics();
+            let m = self.shared.raft.metrics();
             let m = m.borrow();
             m.state == ServerState::Leader && m.current_term == term
         };
         if caught_up != Ok(true) || !still {
             return Err(PartitionError::NotLeader { leader: None });
         }
-        let (table, next_offset) = self.state.producers();
-        lock(&self.lane).leading = Some(Leading {
+        let (table, next_offset) = self.shared.state.producers();
+        lock(&self.shared.lane).leading = Some(Leading {
             term,
             table,
             next_offset,
@@ -623,7 +622,7 @@ impl Run {
                 release(&self.queued, p.len());
                 self.last_taken = p.seq;
             }
-            let leader = self.raft.metrics().borrow().current_leader;
+            let leader = self.shared.raft.metrics().borrow().current_leader;
             let _ = p.reply.send(Err(PartitionError::NotLeader { leader }));
         }
     }
@@ -660,13 +659,13 @@ impl Run {
             }
         };
         // `prepare` wrote nothing unless this replica was leading.
-        let Some(term) = lock(&self.lane).leading.as_ref().map(|l| l.term) else {
+        let Some(term) = lock(&self.shared.lane).leading.as_ref().map(|l| l.term) else {
             unreachable!("a write prepared while not leading");
         };
         // Written into the log now, at the index Raft gives it next, so its fsync starts before
         // the Raft core takes it (`LogStore::write_ahead`).
-        let id = self.raft.metrics().borrow().id;
-        let payload = self.store.write_ahead(term, id, payload);
+        let id = self.shared.raft.metrics().borrow().id;
+        let payload = self.shared.store.write_ahead(term, id, payload);
         self.propose(group, payload, term, slot).await;
     }
 
@@ -681,10 +680,10 @@ impl Run {
     ) {
         // `client_write_ff` hands the entry to Raft before it returns, so entries enter the
         // log in the order of this loop; only the wait for the commit runs concurrently.
-        let stale = self.stale.clone();
-        let metrics = self.raft.metrics();
-        let liveness = self.liveness.clone();
-        match self.raft.client_write_ff(payload).await {
+        let stale = self.shared.stale.clone();
+        let metrics = self.shared.raft.metrics();
+        let liveness = self.shared.liveness.clone();
+        match self.shared.raft.client_write_ff(payload).await {
             Err(fatal) => {
                 drop(slot);
                 stale.store(true, Ordering::Release);
